@@ -1,0 +1,585 @@
+#!/usr/bin/env bash
+# The local stack imgfab's integration tests build against: a private dockerd and
+# an htpasswd-protected registry on 127.0.0.1:5000, both owned by this checkout
+# and living under $REPO/.stack/ (git-ignored), plus stand-in base images pushed
+# into the registry under the mirror names the example recipes need.
+#
+# Usage: scripts/local-stack.sh up|down|env|status
+#   up      install what is missing, start dockerd + registry, log in, push stand-ins
+#           (idempotent: whatever already runs or exists is kept)
+#   down    stop what `up` started, by recorded pid; images and registry data stay
+#   env     print `export` lines (`eval "$(scripts/local-stack.sh env)"`)
+#   status  say what runs; exit 0 when dockerd and registry both run, 3 otherwise
+#
+# Needs root (dockerd, debootstrap, apt) and a Debian bookworm host.
+set -euo pipefail
+
+REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+STACK="$REPO/.stack"
+LOG_DIR="$STACK/logs"
+
+# dockerd: every path it owns is under .stack/, and its config file is ours, so
+# it never reads /etc/docker/daemon.json nor meets another dockerd's state.
+DOCKERD_CONFIG="$STACK/dockerd.json"
+DOCKERD_PIDFILE="$STACK/dockerd.pid"
+DOCKER_SOCK="$STACK/docker.sock"
+DOCKER_DATA="$STACK/docker-data"
+DOCKER_EXEC="$STACK/docker-exec"
+# unix socket paths are limited to 108 bytes and dockerd's containerd puts its
+# sockets (up to ~40 bytes of name) under the exec-root: a deep checkout gets a
+# short exec-root in /run instead, named after the checkout.
+if ((${#DOCKER_EXEC} + 40 > 104)); then
+    DOCKER_EXEC="/run/imgfab-stack-$(printf '%s' "$STACK" | sha256sum | cut -c1-12)"
+fi
+DOCKER_CONFIG_DIR="$STACK/docker-config"
+# Our own bridge, so containers never share docker0 (nor its address pool) with
+# a system dockerd. The subnet is one Docker's default pools never hand out.
+BRIDGE=imgfab0
+BRIDGE_ADDR=10.213.77.1/24
+
+REGISTRY=127.0.0.1:5000
+REGISTRY_USER=imgfab
+REGISTRY_DIR="$STACK/registry"
+REGISTRY_PIDFILE="$STACK/registry.pid"
+PASSWORD_FILE="$STACK/registry-password"
+MIRROR="$REGISTRY/mirror"
+
+DEBIAN_MIRROR=http://deb.debian.org/debian
+ROOTFS_TAR="$STACK/cache/debootstrap-bookworm-minbase.tar"
+STANDIN_IMAGE=imgfab/stand-in:bookworm-minbase
+STANDIN_NOTE="debootstrap bookworm minbase; NOT a CUDA image"
+PROBE_IMAGE=imgfab/local-stack-probe:latest
+
+CA_CERT=/etc/ssl/certs/ca-certificates.crt
+ENV_FILE="$STACK/env"
+CLI_FILE="$STACK/docker-cli"
+# The Debian docker.io CLI: same version as the daemon, used for the script's own
+# calls. Which CLI callers should use for builds is probed, not assumed.
+ADMIN_CLI=/usr/bin/docker
+# Explicit, so sbin tools (iptables, runc, debootstrap) are found under sudo or CI.
+SYS_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+say() { printf '[local-stack] %s\n' "$*" >&2; }
+die() { printf 'local-stack: error: %s\n' "$*" >&2; exit 1; }
+
+# --- pids ---------------------------------------------------------------------
+
+# Prints the pid in $1 when that process runs and its command line names this
+# checkout's .stack/ (so a recycled pid is never mistaken for ours).
+live_pid() {
+    local pidfile=$1 pid
+    [[ -s $pidfile ]] || return 1
+    pid=$(<"$pidfile")
+    [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$STACK/" || return 1
+    printf '%s\n' "$pid"
+}
+
+# True while pid $1 exists and is not a zombie (whoever reaps it may be slow).
+running() {
+    [[ -r /proc/$1/stat ]] && [[ $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1) != Z ]]
+}
+
+# Stops the process recorded in $1 (SIGTERM, then SIGKILL after $3 seconds).
+stop_pid() {
+    local pidfile=$1 name=$2 grace=$3 pid i
+    if ! pid=$(live_pid "$pidfile"); then
+        say "$name: not running"
+        rm -f -- "$pidfile"
+        return 0
+    fi
+    kill -TERM "$pid"
+    for ((i = 0; i < grace * 10; i++)); do
+        running "$pid" || break
+        sleep 0.1
+    done
+    if running "$pid"; then
+        say "$name: pid $pid ignored SIGTERM for ${grace}s, sending SIGKILL"
+        kill -KILL "$pid" || true
+    fi
+    rm -f -- "$pidfile"
+    say "$name: stopped (pid $pid)"
+}
+
+# Runs "${@:2}" until it succeeds or $1 seconds pass.
+wait_for() {
+    local timeout=$1 i
+    shift
+    for ((i = 0; i < timeout * 5; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+admin_docker() { DOCKER_HOST="unix://$DOCKER_SOCK" DOCKER_CONFIG="$DOCKER_CONFIG_DIR" "$ADMIN_CLI" "$@"; }
+
+# --- phases of `up` -------------------------------------------------------------
+
+PHASE=
+PHASE_T0=
+phase() {
+    if [[ -n $PHASE ]]; then
+        local dt
+        dt=$(awk -v a="$PHASE_T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+        say "   $PHASE: ${dt}s"
+        printf '%s (end) %-10s %6ss\n' "$(date -Is)" "$PHASE" "$dt" >>"$LOG_DIR/up-timings.log"
+    fi
+    PHASE=${1:-}
+    PHASE_T0=$EPOCHREALTIME
+    [[ -z $PHASE ]] || say "== $PHASE"
+}
+
+install_packages() {
+    # Keyed on the binary, not the package: a host with docker-ce already has a
+    # dockerd, and installing docker.io next to it would remove docker-ce.
+    local -A package_of=(
+        [dockerd]=docker.io [docker-registry]=docker-registry
+        [debootstrap]=debootstrap [htpasswd]=apache2-utils [curl]=curl
+    )
+    local bin missing=()
+    for bin in dockerd docker-registry debootstrap htpasswd curl; do
+        PATH=$SYS_PATH command -v "$bin" >/dev/null || missing+=("${package_of[$bin]}")
+    done
+    [[ -x $ADMIN_CLI || " ${missing[*]-} " == *" docker.io "* ]] || missing+=(docker.io)
+    if ((${#missing[@]} == 0)); then
+        say "packages: all present"
+        return 0
+    fi
+    say "packages: installing ${missing[*]}"
+    # docker.io and docker-registry would start system-wide services (a dockerd
+    # on /var/run/docker.sock, a registry on :5000 that would take our port).
+    # A policy-rc.d that answers 101 stops that, for this install only.
+    local policy=/usr/sbin/policy-rc.d own_policy=
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\n# written by imgfab scripts/local-stack.sh during apt-get install\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        own_policy=1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    # A failing third-party source must not stop us; a missing Debian index
+    # will make the install itself fail loudly.
+    apt-get update -qq || say "apt-get update reported errors (see above); trying the install anyway"
+    local rc=0
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$LOG_DIR/apt.log" 2>&1 || rc=$?
+    [[ -z $own_policy ]] || rm -f "$policy"
+    ((rc == 0)) || die "apt-get install ${missing[*]} failed (exit $rc): see $LOG_DIR/apt.log"
+}
+
+# overlay2 needs a filesystem that can be an overlayfs upper dir (not overlayfs
+# itself, not some FUSE/network filesystems); vfs always works but copies each
+# layer whole, so we use it only when a real overlay mount fails.
+storage_driver() {
+    local probe="$STACK/overlay-probe" driver=overlay2
+    rm -rf -- "$probe"
+    mkdir -p "$probe"/{lower,upper,work,merged}
+    if mount -t overlay overlay \
+        -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
+        umount "$probe/merged"
+    else
+        driver=vfs
+    fi
+    rm -rf -- "$probe"
+    printf '%s\n' "$driver"
+}
+
+# MTU of the interface the default route leaves by: containers on a 1500 bridge
+# behind a smaller uplink (1400 on some VMs) stall on large TLS responses.
+uplink_mtu() {
+    local dev
+    dev=$(ip -4 route show default 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')
+    if [[ -n $dev && -r /sys/class/net/$dev/mtu ]]; then cat "/sys/class/net/$dev/mtu"; else echo 1500; fi
+}
+
+start_dockerd() {
+    local pid
+    if pid=$(live_pid "$DOCKERD_PIDFILE"); then
+        # It may still be starting; one that never answers is restarted, since a
+        # second dockerd on the same data-root would refuse to start.
+        if wait_for 20 admin_docker version; then
+            say "dockerd: already running (pid $pid)"
+            return 0
+        fi
+        say "dockerd: pid $pid does not answer on $DOCKER_SOCK; restarting it"
+        stop_pid "$DOCKERD_PIDFILE" dockerd 60
+    fi
+    ((${#DOCKER_SOCK} <= 100)) ||
+        die "socket path $DOCKER_SOCK is longer than 100 bytes (unix sockets allow 108): clone the repo to a shorter path"
+    [[ $DOCKER_EXEC == "$STACK"/* ]] ||
+        say "dockerd: .stack/ path too long for containerd's sockets; exec-root is $DOCKER_EXEC"
+    local driver mtu
+    driver=$(storage_driver)
+    if [[ $driver == vfs ]]; then
+        say "dockerd: WARNING: overlayfs cannot be mounted on the filesystem of $STACK; using the vfs"
+        say "dockerd: storage driver (every layer is a full copy: slow builds, large disk use)"
+    fi
+    mtu=$(uplink_mtu)
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$BRIDGE_ADDR" dev "$BRIDGE"
+    fi
+    ip link set "$BRIDGE" mtu "$mtu" up
+    mkdir -p "$DOCKER_DATA" "$DOCKER_EXEC"
+    # containerd-namespace: when a system containerd runs at
+    # /run/containerd/containerd.sock dockerd 20.10 uses it instead of starting
+    # its own; our namespaces then keep our containers apart from the system's.
+    # features.buildkit: the daemon advertises BuildKit, so the 20.10 CLI uses it
+    # even without DOCKER_BUILDKIT=1.
+    cat >"$DOCKERD_CONFIG" <<EOF
+{
+  "hosts": ["unix://$DOCKER_SOCK"],
+  "data-root": "$DOCKER_DATA",
+  "exec-root": "$DOCKER_EXEC",
+  "pidfile": "$DOCKERD_PIDFILE",
+  "storage-driver": "$driver",
+  "bridge": "$BRIDGE",
+  "mtu": $mtu,
+  "containerd-namespace": "imgfab",
+  "containerd-plugins-namespace": "imgfab-plugins",
+  "features": { "buildkit": true },
+  "builder": { "gc": { "enabled": true, "defaultKeepStorage": "20GB" } }
+}
+EOF
+    # A pidfile left by a crash would make dockerd refuse to start. Its
+    # containerd dies with it (parent-death signal), but until that zombie is
+    # reaped dockerd takes it for alive, waits for its socket and gives up.
+    rm -f -- "$DOCKERD_PIDFILE"
+    local cpidfile="$DOCKER_EXEC/containerd/containerd.pid"
+    if [[ -s $cpidfile ]] && ! running "$(<"$cpidfile")"; then
+        rm -f -- "$cpidfile"
+    fi
+    # setsid: the daemon outlives this shell and the terminal or CI step it ran in.
+    PATH=$SYS_PATH setsid dockerd --config-file "$DOCKERD_CONFIG" \
+        >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
+    local launched=$!
+    if ! wait_for 60 admin_docker version; then
+        tail -n 30 "$LOG_DIR/dockerd.log" >&2 || true
+        kill -0 "$launched" 2>/dev/null && kill -TERM "$launched"
+        die "dockerd did not answer on $DOCKER_SOCK within 60s: see $LOG_DIR/dockerd.log"
+    fi
+    pid=$(live_pid "$DOCKERD_PIDFILE") || die "dockerd answers but wrote no pidfile at $DOCKERD_PIDFILE"
+    say "dockerd: started (pid $pid, storage $driver, mtu $mtu, $(admin_docker version -f 'server {{.Server.Version}}, API {{.Server.APIVersion}}'))"
+}
+
+write_registry_config() {
+    mkdir -p "$REGISTRY_DIR/data"
+    if [[ ! -s $PASSWORD_FILE ]]; then
+        # Generated once; 32 url-safe characters, no newline inside.
+        (umask 077 && head -c 48 /dev/urandom | base64 -w0 | tr -d '/+=' | cut -c1-32 >"$PASSWORD_FILE")
+        say "registry: generated password in $PASSWORD_FILE"
+    fi
+    chmod 600 "$PASSWORD_FILE"
+    # bcrypt (-B) is the only hash distribution's htpasswd auth accepts; -i reads
+    # the password from stdin, so it never shows in ps.
+    (umask 077 && htpasswd -B -i -c "$REGISTRY_DIR/htpasswd" "$REGISTRY_USER" <"$PASSWORD_FILE" 2>/dev/null)
+    # http.secret signs upload state; a fixed one keeps resumable uploads valid
+    # across restarts (the registry makes up a random one and warns otherwise).
+    [[ -s $REGISTRY_DIR/http-secret ]] ||
+        (umask 077 && head -c 32 /dev/urandom | base64 -w0 | tr -d '/+=' >"$REGISTRY_DIR/http-secret")
+    cat >"$REGISTRY_DIR/config.yml" <<EOF
+version: 0.1
+log:
+  level: info
+  fields:
+    service: imgfab-local-registry
+storage:
+  filesystem:
+    rootdirectory: $REGISTRY_DIR/data
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY
+  secret: $(<"$REGISTRY_DIR/http-secret")
+  headers:
+    X-Content-Type-Options: [nosniff]
+auth:
+  htpasswd:
+    realm: imgfab-local
+    path: $REGISTRY_DIR/htpasswd
+EOF
+    chmod 600 "$REGISTRY_DIR/config.yml"
+}
+
+registry_answers() {
+    # 401 is the healthy answer: the registry runs and demands credentials.
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://$REGISTRY/v2/") == 401 ]]
+}
+
+start_registry() {
+    local pid
+    if pid=$(live_pid "$REGISTRY_PIDFILE"); then
+        if wait_for 10 registry_answers; then
+            say "registry: already running (pid $pid)"
+            return 0
+        fi
+        say "registry: pid $pid does not answer on http://$REGISTRY/v2/; restarting it"
+        stop_pid "$REGISTRY_PIDFILE" registry 10
+    fi
+    local holder
+    holder=$(ss -Hltnp "sport = :${REGISTRY##*:}" 2>/dev/null || true)
+    [[ -z $holder ]] ||
+        die "port ${REGISTRY##*:} is taken by another process ($holder): stop it (a system registry: systemctl disable --now docker-registry)"
+    write_registry_config
+    PATH=$SYS_PATH setsid docker-registry serve "$REGISTRY_DIR/config.yml" \
+        >>"$LOG_DIR/registry.log" 2>&1 </dev/null &
+    pid=$!
+    printf '%s\n' "$pid" >"$REGISTRY_PIDFILE"
+    if ! wait_for 30 registry_answers; then
+        tail -n 20 "$LOG_DIR/registry.log" >&2 || true
+        stop_pid "$REGISTRY_PIDFILE" registry 5
+        die "registry did not answer 401 on http://$REGISTRY/v2/ within 30s: see $LOG_DIR/registry.log"
+    fi
+    live_pid "$REGISTRY_PIDFILE" >/dev/null || die "registry answers but pid $pid is not it: see $LOG_DIR/registry.log"
+    say "registry: started (pid $pid, http://$REGISTRY, htpasswd user $REGISTRY_USER)"
+}
+
+login_registry() {
+    # A config dir of our own: the user's ~/.docker is never read or written.
+    # The daemon checks the credentials against the registry before the CLI
+    # stores them, so success here also proves the insecure-HTTP path works.
+    mkdir -p "$DOCKER_CONFIG_DIR"
+    chmod 700 "$DOCKER_CONFIG_DIR"
+    # (Its "stored unencrypted" warning goes to the log: the dir is ours, mode 700.)
+    admin_docker login --username "$REGISTRY_USER" --password-stdin "$REGISTRY" \
+        <"$PASSWORD_FILE" >>"$LOG_DIR/login.log" 2>&1 ||
+        die "docker login $REGISTRY failed: see $LOG_DIR/login.log and $LOG_DIR/registry.log"
+    say "login: $REGISTRY as $REGISTRY_USER (DOCKER_CONFIG=$DOCKER_CONFIG_DIR)"
+}
+
+# Unmounts whatever an interrupted debootstrap left mounted under $1 (proc,
+# sys, bind-mounted /dev nodes), deepest first, then removes $1 without ever
+# crossing into another filesystem.
+remove_rootfs_dir() {
+    local dir=$1 mnt
+    [[ -e $dir ]] || return 0
+    while read -r mnt; do
+        umount -l -- "$mnt" || true
+    done < <(awk -v d="$dir" '$2 == d || index($2, d "/") == 1 { print $2 }' /proc/mounts | sort -r)
+    rm -rf --one-file-system -- "$dir"
+}
+
+build_rootfs() {
+    if [[ -s $ROOTFS_TAR && -s $ROOTFS_TAR.sha256 ]]; then
+        say "rootfs: cached $ROOTFS_TAR"
+        return 0
+    fi
+    local target="$STACK/cache/rootfs.partial"
+    mkdir -p "$STACK/cache"
+    remove_rootfs_dir "$target"
+    say "rootfs: debootstrap --variant=minbase bookworm (log: $LOG_DIR/debootstrap.log)"
+    PATH=$SYS_PATH debootstrap --variant=minbase bookworm "$target" "$DEBIAN_MIRROR" \
+        >>"$LOG_DIR/debootstrap.log" 2>&1 ||
+        die "debootstrap failed: see $LOG_DIR/debootstrap.log"
+    grep -qx "deb $DEBIAN_MIRROR bookworm main" "$target/etc/apt/sources.list" ||
+        die "debootstrap wrote no 'deb $DEBIAN_MIRROR bookworm main' to etc/apt/sources.list; apt in stand-ins would fail"
+    # Host leftovers: Docker mounts its own resolv.conf and hostname at run time.
+    : >"$target/etc/resolv.conf"
+    : >"$target/etc/hostname"
+    rm -rf -- "$target"/var/cache/apt/*.bin "$target"/var/lib/apt/lists/* "$target"/var/log/*.log
+    # Device nodes are not wanted in an image: the runtime gives each container its /dev.
+    tar --numeric-owner --xattrs -C "$target" --exclude='./dev/*' -cf "$ROOTFS_TAR.partial" .
+    mv -- "$ROOTFS_TAR.partial" "$ROOTFS_TAR"
+    (cd "$STACK/cache" && sha256sum "$(basename -- "$ROOTFS_TAR")" >"$ROOTFS_TAR.sha256")
+    remove_rootfs_dir "$target"
+    say "rootfs: $(du -h "$ROOTFS_TAR" | cut -f1) at $ROOTFS_TAR"
+}
+
+import_standin() {
+    # The tarball's digest rides along as a label, so a rebuilt tarball is
+    # re-imported and an unchanged one is not (an import always makes a new id).
+    local sha current
+    sha=$(cut -d' ' -f1 "$ROOTFS_TAR.sha256")
+    current=$(admin_docker image inspect -f '{{index .Config.Labels "org.imgfab.stand-in.rootfs-sha256"}}' \
+        "$STANDIN_IMAGE" 2>/dev/null || true)
+    if [[ $current == "$sha" ]]; then
+        say "stand-in: $STANDIN_IMAGE up to date"
+        return 0
+    fi
+    admin_docker import \
+        -c 'LABEL org.imgfab.stand-in="true"' \
+        -c "LABEL org.imgfab.stand-in.note=\"$STANDIN_NOTE\"" \
+        -c "LABEL org.imgfab.stand-in.rootfs-sha256=\"$sha\"" \
+        -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        -c 'CMD ["bash"]' \
+        "$ROOTFS_TAR" "$STANDIN_IMAGE" >/dev/null
+    say "stand-in: imported $STANDIN_IMAGE"
+}
+
+# The first CLI that really runs a BuildKit build with cache and secret mounts
+# (no "# syntax=" line, so no frontend image is pulled) is the one callers use.
+# A CLI >= 23 without the buildx plugin fails here: with DOCKER_BUILDKIT=1 it
+# refuses outright ("BuildKit is enabled but the buildx component is missing").
+probe_docker_cli() {
+    local dir candidates=() seen=" " cli real
+    dir=$(mktemp -d)
+    printf 'FROM %s\nRUN --mount=type=cache,target=/probe-cache --mount=type=secret,id=probe test -s /run/secrets/probe\n' \
+        "$STANDIN_IMAGE" >"$dir/Dockerfile"
+    echo probe >"$dir/secret"
+    for cli in "$(PATH=$SYS_PATH command -v docker || true)" "$ADMIN_CLI"; do
+        [[ -n $cli && -x $cli ]] || continue
+        real=$(readlink -f -- "$cli")
+        [[ $seen == *" $real "* ]] && continue
+        seen+="$real "
+        candidates+=("$cli")
+    done
+    local chosen='' log
+    for cli in "${candidates[@]}"; do
+        log="$LOG_DIR/cli-probe${cli//\//-}.log"
+        if DOCKER_HOST="unix://$DOCKER_SOCK" DOCKER_CONFIG="$DOCKER_CONFIG_DIR" DOCKER_BUILDKIT=1 \
+            "$cli" build --progress=plain --secret "id=probe,src=$dir/secret" -t "$PROBE_IMAGE" "$dir" \
+            >"$log" 2>&1; then
+            chosen=$cli
+            break
+        fi
+        say "cli: $cli ($("$cli" --version)) cannot run BuildKit builds: $(grep -m1 -iE 'error|buildx' "$log" || echo "see $log")"
+    done
+    admin_docker image rm "$PROBE_IMAGE" >/dev/null 2>&1 || true
+    rm -rf -- "$dir"
+    [[ -n $chosen ]] || die "no docker CLI here runs BuildKit builds (tried: ${candidates[*]}): install docker.io (20.10) or the buildx plugin"
+    printf '%s\n' "$chosen" >"$CLI_FILE"
+    say "cli: $chosen ($("$chosen" --version)) runs BuildKit builds"
+}
+
+# Upstream base refs, one a line: from `imgfab bases recipes/*.yaml`, plus any
+# listed one a line in $IMGFAB_STACK_BASES.
+base_refs() {
+    local imgfab recipes=() refs=
+    shopt -s nullglob
+    recipes=(recipes/*.yaml)
+    shopt -u nullglob
+    imgfab=$(command -v imgfab || true)
+    [[ -n $imgfab || ! -x $REPO/.venv/bin/imgfab ]] || imgfab=$REPO/.venv/bin/imgfab
+    if [[ -z $imgfab ]]; then
+        say "bases: no imgfab command (not on PATH, no .venv/bin/imgfab)"
+    elif ((${#recipes[@]} == 0)); then
+        say "bases: no recipes/*.yaml"
+    elif refs=$(cd "$REPO" && "$imgfab" bases "${recipes[@]}" 2>>"$LOG_DIR/imgfab-bases.log"); then
+        :
+    else
+        refs=
+        say "bases: 'imgfab bases recipes/*.yaml' failed: see $LOG_DIR/imgfab-bases.log"
+    fi
+    if [[ -n ${IMGFAB_STACK_BASES:-} ]]; then
+        say "bases: adding IMGFAB_STACK_BASES"
+        refs+=$'\n'$IMGFAB_STACK_BASES
+    fi
+    printf '%s\n' "$refs" | tr -s ' \t' '\n' | sed '/^$/d' | sort -u
+}
+
+push_mirrors() {
+    local ref n=0
+    local -a refs
+    mapfile -t refs < <(cd "$REPO" && base_refs)
+    ((${#refs[@]} > 0)) ||
+        die "no base image refs: 'imgfab bases recipes/*.yaml' gave none; set IMGFAB_STACK_BASES (one ref a line)"
+    for ref in "${refs[@]}"; do
+        if [[ $ref == *@* ]]; then
+            say "mirror: WARNING: skipping $ref: a digest cannot be re-tagged onto a stand-in"
+            continue
+        fi
+        admin_docker tag "$STANDIN_IMAGE" "$MIRROR/$ref"
+        admin_docker push "$MIRROR/$ref" >>"$LOG_DIR/push.log" 2>&1 ||
+            die "docker push $MIRROR/$ref failed: see $LOG_DIR/push.log"
+        # Untag locally, so a build FROM the mirror ref really pulls it from the
+        # registry (auth, insecure HTTP) as it would on a clean builder; the
+        # layers stay under $STANDIN_IMAGE, so the pull moves no data.
+        admin_docker image rm "$MIRROR/$ref" >/dev/null
+        say "mirror: $ref -> $MIRROR/$ref"
+        n=$((n + 1))
+    done
+    say "mirror: $n stand-in(s) pushed"
+}
+
+write_env() {
+    local cli
+    cli=$(<"$CLI_FILE")
+    [[ -r $CA_CERT ]] || die "no host CA bundle at $CA_CERT: apt-get install ca-certificates"
+    # DOCKER_BUILDKIT=1: a CLI without BuildKit then fails loudly instead of
+    # quietly using the legacy builder, which rejects RUN --mount.
+    {
+        printf 'export DOCKER_HOST=%q\n' "unix://$DOCKER_SOCK"
+        printf 'export DOCKER_CONFIG=%q\n' "$DOCKER_CONFIG_DIR"
+        printf 'export DOCKER_BUILDKIT=1\n'
+        printf 'export IMGFAB_DOCKER_CLI=%q\n' "$cli"
+        printf 'export IMGFAB_MIRROR=%q\n' "$MIRROR"
+        printf 'export IMGFAB_REGISTRY=%q\n' "$REGISTRY"
+        printf 'export IMGFAB_REGISTRY_USER=%q\n' "$REGISTRY_USER"
+        printf 'export IMGFAB_REGISTRY_PASSWORD_FILE=%q\n' "$PASSWORD_FILE"
+        printf 'export IMGFAB_CA_CERT=%q\n' "$CA_CERT"
+    } >"$ENV_FILE.partial"
+    mv -- "$ENV_FILE.partial" "$ENV_FILE"
+}
+
+# --- commands -----------------------------------------------------------------
+
+cmd_up() {
+    ((EUID == 0)) || die "up needs root (dockerd, debootstrap, apt-get): run it with sudo"
+    mkdir -p "$STACK" "$LOG_DIR"
+    local t0=$EPOCHREALTIME
+    phase packages;  install_packages
+    phase dockerd;   start_dockerd
+    phase registry;  start_registry
+    phase login;     login_registry
+    phase rootfs;    build_rootfs
+    phase import;    import_standin
+    phase cli-probe; probe_docker_cli
+    # env before mirror: the stack is usable even when the base list is not.
+    phase env;       write_env
+    phase mirror;    push_mirrors
+    phase
+    say "up: done in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')s; source $ENV_FILE"
+}
+
+cmd_down() {
+    # Registry first: it holds no container, dockerd may take a while.
+    stop_pid "$REGISTRY_PIDFILE" registry 10
+    # On SIGTERM dockerd stops its containers (15s shutdown-timeout) and the
+    # containerd it started.
+    stop_pid "$DOCKERD_PIDFILE" dockerd 60
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link delete "$BRIDGE" && say "bridge: $BRIDGE removed"
+    fi
+    say "down: data kept under $STACK"
+}
+
+cmd_env() {
+    [[ -s $ENV_FILE ]] || die "no $ENV_FILE: run scripts/local-stack.sh up first"
+    cat -- "$ENV_FILE"
+}
+
+cmd_status() {
+    local pid ok=1 repos=
+    if pid=$(live_pid "$DOCKERD_PIDFILE") && admin_docker version >/dev/null 2>&1; then
+        printf 'dockerd   running, pid %s, unix://%s, %s\n' "$pid" "$DOCKER_SOCK" \
+            "$(admin_docker info -f 'storage {{.Driver}}, server {{.ServerVersion}}' 2>/dev/null), API $(admin_docker version -f '{{.Server.APIVersion}}' 2>/dev/null)"
+    else
+        printf 'dockerd   not running\n'
+        ok=0
+    fi
+    if pid=$(live_pid "$REGISTRY_PIDFILE") && registry_answers; then
+        # Credentials go to curl on stdin (-K -), not on its command line.
+        if [[ -r $PASSWORD_FILE ]]; then
+            repos=$(printf 'user = "%s:%s"\n' "$REGISTRY_USER" "$(<"$PASSWORD_FILE")" |
+                curl -sf -K - "http://$REGISTRY/v2/_catalog?n=1000" | grep -o '"mirror/[^"]*"' | tr -d '"' | paste -sd' ' || true)
+        fi
+        printf 'registry  running, pid %s, http://%s (htpasswd user %s); mirror: %s\n' \
+            "$pid" "$REGISTRY" "$REGISTRY_USER" "${repos:-none}"
+    else
+        printf 'registry  not running\n'
+        ok=0
+    fi
+    if [[ -s $CLI_FILE ]]; then printf 'cli       %s (runs BuildKit builds)\n' "$(<"$CLI_FILE")"; else printf 'cli       not probed yet\n'; fi
+    if [[ -s $ENV_FILE ]]; then printf 'env       source %s\n' "$ENV_FILE"; else printf 'env       not written yet\n'; fi
+    ((ok)) || return 3
+}
+
+case ${1:-} in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    env) cmd_env ;;
+    status) cmd_status ;;
+    *)
+        printf 'usage: %s up|down|env|status\n' "$0" >&2
+        exit 2
+        ;;
+esac

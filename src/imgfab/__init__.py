@@ -1,0 +1,7 @@
+"""imgfab: a container-image factory for LLM inference.
+
+Kept import-free on purpose: `imgfab --help` and `imgfab render` must start fast, and the
+in-image probe imports `imgfab.rules` / `imgfab.probe` without the host's dependencies.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,76 @@
+"""Typed errors, caught once in the CLI.
+
+Exit codes: 2 for bad user input (the recipe, a flag), 1 for the environment (Docker, a
+registry, the network). Each error renders as one line: ``<field>: <what>; <fix>``.
+"""
+
+from __future__ import annotations
+
+
+class ImgfabError(Exception):
+    """Base class. ``field`` names what was wrong, ``fix`` says what to do about it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, field: str | None = None, fix: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.fix = fix
+
+    def one_line(self) -> str:
+        """The single line the CLI prints: never a newline, never a traceback."""
+        text = f"{self.field}: {self.message}" if self.field else self.message
+        if self.fix:
+            text = f"{text}; fix: {self.fix}"
+        return " ".join(text.split())
+
+
+class RecipeError(ImgfabError):
+    """The recipe (or a CLI value standing in for a recipe field) is invalid."""
+
+    exit_code = 2
+
+
+class CompatibilityError(ImgfabError):
+    """No stack in the matrix satisfies the recipe and host.
+
+    ``rejections`` lists ``(candidate, reason)`` for every candidate considered.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, field: str | None = None, fix: str | None = None,
+                 rejections: list[tuple[str, str]] | None = None):
+        super().__init__(message, field=field, fix=fix)
+        self.rejections = rejections or []
+
+
+class MatrixError(ImgfabError):
+    """The compat data itself is malformed (a bug in compat/*.yaml, not in the recipe)."""
+
+    exit_code = 1
+
+
+class EngineError(ImgfabError):
+    """The Docker engine failed or is unreachable."""
+
+    exit_code = 1
+
+
+class RegistryError(ImgfabError):
+    """A registry refused, failed or is unreachable."""
+
+    exit_code = 1
+
+
+class NetworkError(ImgfabError):
+    """An upstream (PyPI, a registry API) could not be reached."""
+
+    exit_code = 1
+
+
+class ValidationFailed(ImgfabError):
+    """A built image broke a rule (root user, weights in a layer, undeclared build tools)."""
+
+    exit_code = 1

@@ -1,0 +1,624 @@
+"""``imgfab compat refresh``: regenerate the PyPI-derived compat files.
+
+Writes ``compat/torch.yaml``, ``compat/vllm.yaml``, ``compat/tensorrt_llm.yaml`` and
+``compat/tensorrt.yaml`` from package metadata on PyPI:
+
+1. the project index ``https://pypi.org/pypi/<project>/json`` gives the releases and their files;
+2. for each release, the core metadata (``Requires-Dist``, ``Requires-Python``) of one file:
+   the Linux x86_64 wheel when PyPI has one (its PEP 658 ``.metadata`` file, else the
+   wheel's ``*.dist-info/METADATA`` read by HTTP range requests), else the sdist's ``PKG-INFO``.
+
+The per-version JSON API (``/pypi/<project>/<version>/json``) is not used: its ``info`` block
+is the metadata of whichever file was uploaded first (for torch often a macOS wheel without
+the ``nvidia-*`` pins), and some mirrors do not serve it at all.
+
+Facts only an upstream source tree gives (kernel architectures, base image, the CUDA toolkit
+a release was built with, OS packages) cannot come from PyPI metadata. They are carried over
+from the existing file's record of the same version; a release seen for the first time gets
+them empty, ``confirmed: false`` and a note saying what is missing. Nothing is guessed.
+
+All fetching happens before anything is written, and each file is replaced atomically, so a
+network failure leaves ``compat/`` untouched. Same inputs give byte-identical files.
+
+>>> record = torch_record("2.8.0", parse_core_metadata(
+...     "Name: torch\\nVersion: 2.8.0\\nRequires-Python: >=3.9.0\\n"
+...     "Requires-Dist: nvidia-cuda-runtime-cu12==12.8.90; platform_system == \\"Linux\\"\\n"),
+...     "torch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl")
+>>> record["cuda"], record["cuda_runtime"], record["confirmed"]
+('12.8', '12.8.90', True)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Any, Callable, Iterable
+from urllib.parse import urljoin
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from imgfab.errors import NetworkError
+
+PYPI_PROJECT_URL = "https://pypi.org/pypi/{project}/json"
+PYPI_RELEASE_PAGE = "https://pypi.org/project/{project}/{version}/"
+TIMEOUT_S = 30
+MAX_SDIST_BYTES = 8 * 1024 * 1024  # wheel-stub sdists (tensorrt, tensorrt-llm) are < 1 MB
+
+# Oldest release of each backend kept in the matrix.
+VLLM_FLOOR = Version("0.8.0")
+TENSORRT_LLM_FLOOR = Version("0.19.0")
+
+# Requirement markers are evaluated for the platform imgfab builds: Linux x86_64, CPython 3.12.
+LINUX_X86_64 = {
+    "os_name": "posix", "sys_platform": "linux", "platform_system": "Linux",
+    "platform_machine": "x86_64", "implementation_name": "cpython",
+    "platform_python_implementation": "CPython", "python_version": "3.12",
+    "python_full_version": "3.12.0", "extra": "",
+}
+
+# The CUDA runtime a torch release pins tells the CUDA of its default PyPI wheel: up to torch
+# 2.10 an nvidia-cuda-runtime-cuXX wheel, from 2.11 the cuda-toolkit metapackage with the
+# [cudart] extra (torch 2.11.0: cuda-toolkit[...,cudart,...]==13.0.2).
+CUDA_RUNTIME_WHEELS = ("nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime-cu12",
+                       "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime")
+CUDA_TOOLKIT_WHEEL = "cuda-toolkit"
+
+# Field order of each kind of record, as written.
+FIELDS = {
+    "torch": ("version", "cuda", "cuda_runtime", "python", "source", "confirmed", "note"),
+    "vllm": ("version", "torch", "python", "cuda", "build_cuda", "cuda_archs", "ptx_archs",
+             "wheel_tags", "source", "upstream_source", "confirmed", "note"),
+    "tensorrt-llm": ("version", "tensorrt", "torch", "python", "python_classifiers", "cuda",
+                     "base_image", "cuda_archs", "wheel_tags", "system_packages", "source",
+                     "upstream_source", "confirmed", "note"),
+    "tensorrt": ("version", "cuda_major", "requires", "source", "confirmed", "note"),
+}
+# Fields read from upstream source trees, carried over from the existing record.
+UPSTREAM_FIELDS = {
+    "vllm": ("build_cuda", "cuda_archs", "ptx_archs", "upstream_source"),
+    "tensorrt-llm": ("cuda", "base_image", "cuda_archs", "system_packages", "upstream_source"),
+}
+FILES = {"torch": "torch.yaml", "vllm": "vllm.yaml", "tensorrt-llm": "tensorrt_llm.yaml",
+         "tensorrt": "tensorrt.yaml"}
+HEADERS = {
+    "torch": "torch release -> CUDA of its default PyPI wheel (Linux x86_64), read from the\n"
+             "wheel's Requires-Dist pin on the CUDA runtime: nvidia-cuda-runtime-cuXX (<= 2.10)\n"
+             "or cuda-toolkit[cudart] (>= 2.11).",
+    "vllm": "vLLM release -> torch pin, Requires-Python and wheel tags (PyPI metadata of the\n"
+            "Linux x86_64 wheel); cuda = CUDA of the pinned torch's PyPI wheel. build_cuda,\n"
+            "cuda_archs and ptx_archs come from the release's source tree (docker/Dockerfile,\n"
+            ".buildkite/release-pipeline.yaml, setup.py MAIN_CUDA_VERSION) and are carried over.",
+    "tensorrt-llm": "TensorRT-LLM release -> tensorrt and torch pins, Requires-Python and Python\n"
+                    "classifiers (PKG-INFO of the wheel-stub sdist on PyPI; the wheels live on\n"
+                    "pypi.nvidia.com). cuda, base_image, cuda_archs and system_packages come from\n"
+                    "upstream and are carried over.",
+    "tensorrt": "TensorRT release -> CUDA major it is built for, read from the Requires-Dist of\n"
+                "the 'tensorrt' metapackage (tensorrt_cu12 / tensorrt_cu13).",
+}
+
+FetchJson = Callable[[str], dict]
+FetchMetadata = Callable[[str, str], str]
+
+
+# --- fetching: the only network I/O ---------------------------------------------------------
+
+def _session():
+    import requests  # imported here: `imgfab --help` stays fast
+
+    return requests
+
+
+def fetch_json(url: str) -> dict:
+    """GET ``url`` and decode JSON. Raises NetworkError on any transport or HTTP failure."""
+    requests = _session()
+    try:
+        response = requests.get(url, timeout=TIMEOUT_S)
+        response.raise_for_status()
+        return response.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise NetworkError(f"could not read {url}: {exc}", field="pypi",
+                           fix="check the network or proxy and run `imgfab compat refresh` again") from None
+
+
+def fetch_metadata(url: str, filename: str) -> str:
+    """Core metadata text of the distribution file at ``url``.
+
+    Wheels: the PEP 658 ``<url>.metadata`` file, else ``*.dist-info/METADATA`` read from the
+    wheel with HTTP range requests (never the whole wheel). Sdists: ``PKG-INFO`` from the
+    tarball, refused above MAX_SDIST_BYTES. Raises NetworkError.
+    """
+    requests = _session()
+    try:
+        if filename.endswith(".whl"):
+            response = requests.get(url + ".metadata", timeout=TIMEOUT_S)
+            if response.status_code == 200:
+                return response.content.decode("utf-8")
+            with zipfile.ZipFile(_HttpRangeFile(url, requests)) as wheel:
+                name = next(n for n in wheel.namelist()
+                            if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+                return wheel.read(name).decode("utf-8")
+        response = requests.get(url, timeout=TIMEOUT_S, stream=True)
+        response.raise_for_status()
+        data = response.raw.read(MAX_SDIST_BYTES + 1, decode_content=True)
+        if len(data) > MAX_SDIST_BYTES:
+            raise NetworkError(f"{filename} is larger than {MAX_SDIST_BYTES} bytes", field="pypi",
+                               fix="read this release's metadata from a wheel instead")
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as sdist:
+            member = next(m for m in sdist.getmembers() if m.name.count("/") == 1
+                          and m.name.endswith("/PKG-INFO"))
+            return sdist.extractfile(member).read().decode("utf-8")
+    except (requests.RequestException, zipfile.BadZipFile, tarfile.TarError, StopIteration,
+            OSError) as exc:
+        raise NetworkError(f"could not read the metadata of {filename} ({url}): {exc!r}",
+                           field="pypi", fix="run `imgfab compat refresh` again") from None
+
+
+class _HttpRangeFile(io.RawIOBase):
+    """A read-only, seekable view of a remote file, fetched in blocks with Range requests."""
+
+    BLOCK = 256 * 1024
+
+    def __init__(self, url: str, requests: Any):
+        super().__init__()
+        self.url, self.requests, self.pos, self.blocks = url, requests, 0, {}
+        head = requests.head(url, timeout=TIMEOUT_S, allow_redirects=True)
+        head.raise_for_status()
+        self.size = int(head.headers["Content-Length"])
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def _block(self, index: int) -> bytes:
+        if index not in self.blocks:
+            start = index * self.BLOCK
+            end = min(start + self.BLOCK, self.size) - 1
+            response = self.requests.get(self.url, headers={"Range": f"bytes={start}-{end}"},
+                                         timeout=TIMEOUT_S)
+            response.raise_for_status()
+            if response.status_code != 206:
+                raise OSError(f"{self.url} ignored the Range header")
+            self.blocks[index] = response.content
+        return self.blocks[index]
+
+    def readinto(self, buffer: Any) -> int:
+        end = min(self.pos + len(buffer), self.size)
+        chunks = []
+        position = self.pos
+        while position < end:
+            block = self._block(position // self.BLOCK)
+            offset = position % self.BLOCK
+            piece = block[offset:offset + end - position]
+            chunks.append(piece)
+            position += len(piece)
+        data = b"".join(chunks)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+# --- pure: metadata → records ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CoreMetadata:
+    name: str
+    version: str
+    requires_python: str
+    requires_dist: tuple[str, ...]
+    classifiers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DistFile:
+    filename: str
+    url: str
+
+
+def parse_core_metadata(text: str) -> CoreMetadata:
+    """Parse a METADATA / PKG-INFO document (RFC 822 headers; the body is ignored)."""
+    headers = HeaderParser().parsestr(text, headersonly=True)
+    return CoreMetadata(
+        name=str(headers.get("Name", "")), version=str(headers.get("Version", "")),
+        requires_python=" ".join(str(headers.get("Requires-Python", "")).split()),
+        requires_dist=tuple(str(v) for v in headers.get_all("Requires-Dist") or ()),
+        classifiers=tuple(str(v) for v in headers.get_all("Classifier") or ()))
+
+
+def requirement(meta: CoreMetadata, *names: str) -> Requirement | None:
+    """The first Requires-Dist on one of ``names`` that applies to Linux x86_64 (no extra)."""
+    wanted = {_canonical(n) for n in names}
+    for line in meta.requires_dist:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if _canonical(req.name) in wanted and (req.marker is None or req.marker.evaluate(LINUX_X86_64)):
+            return req
+    return None
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def release_files(index: dict, version: str, base_url: str) -> list[DistFile]:
+    """Non-yanked files of one release from a project index, with absolute URLs."""
+    rows = (index.get("releases") or {}).get(version) or []
+    return [DistFile(row["filename"], urljoin(base_url, row["url"]))
+            for row in rows if not row.get("yanked")]
+
+
+def _wheel_parts(filename: str) -> tuple[int, str]:
+    """(build number, 'python-abi-platform' as published) of a wheel file name."""
+    _, _, build, _ = parse_wheel_filename(filename)
+    stem = filename[:-len(".whl")].split("-")
+    return (build[0] if build else 0), "-".join(stem[-3:])
+
+
+def wheel_tags(files: Iterable[DistFile]) -> list[str]:
+    """Sorted, de-duplicated tag triples of every Linux wheel, as in the file names."""
+    return sorted({_wheel_parts(f.filename)[1] for f in files
+                   if f.filename.endswith(".whl") and "linux" in f.filename})
+
+
+def metadata_file(files: list[DistFile]) -> DistFile | None:
+    """The file whose metadata stands for the release on Linux x86_64.
+
+    The x86_64 Linux CPython wheel with the highest build number (what pip installs; a
+    free-threaded ``cp313t`` build is skipped), else the sdist. Ties break on the file name.
+    """
+    wheels = []
+    for f in files:
+        if f.filename.endswith(".whl") and "linux" in f.filename and "x86_64" in f.filename:
+            build, tag = _wheel_parts(f.filename)
+            if not tag.split("-")[1].endswith("t"):
+                wheels.append((build, f.filename, f))
+    if wheels:
+        return max(wheels, key=lambda w: (w[0], w[1]))[2]
+    sdists = sorted((f for f in files if f.filename.endswith((".tar.gz", ".zip"))),
+                    key=lambda f: f.filename)
+    return sdists[0] if sdists else None
+
+
+def _provenance(project: str, version: str, filename: str, facts: str) -> str:
+    kind = "PKG-INFO" if not filename.endswith(".whl") else "METADATA"
+    return f"{PYPI_RELEASE_PAGE.format(project=project, version=version)} {filename} {kind} ({facts})"
+
+
+def torch_record(version: str, meta: CoreMetadata, filename: str) -> dict[str, Any]:
+    """A torch.yaml row: the CUDA of the default PyPI wheel from its CUDA runtime pin."""
+    runtime = requirement(meta, *CUDA_RUNTIME_WHEELS)
+    if runtime is None:
+        toolkit = requirement(meta, CUDA_TOOLKIT_WHEEL)
+        runtime = toolkit if toolkit is not None and "cudart" in toolkit.extras else None
+    pins = [s.version for s in runtime.specifier if s.operator == "=="] if runtime else []
+    record: dict[str, Any] = {"version": version, "python": meta.requires_python}
+    if pins:
+        record.update(cuda=".".join(pins[0].split(".")[:2]), cuda_runtime=pins[0], confirmed=True,
+                      source=_provenance("torch", version, filename, f"Requires-Dist {runtime}"))
+    else:
+        record.update(cuda="", cuda_runtime="", confirmed=False,
+                      source=_provenance("torch", version, filename, "no CUDA runtime pin"),
+                      note="the Linux x86_64 wheel pins neither nvidia-cuda-runtime* nor "
+                           "cuda-toolkit[cudart]")
+    return record
+
+
+def torch_for(spec: str, torch_rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest torch row inside ``spec`` (what pip would install), or None."""
+    if not spec:
+        return None
+    specifier = SpecifierSet(spec)
+    fitting = [v for v in torch_rows if specifier.contains(Version(v), prereleases=True)]
+    return torch_rows[max(fitting, key=Version)] if fitting else None
+
+
+def vllm_record(version: str, meta: CoreMetadata, filename: str, files: list[DistFile],
+                torch_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A vllm.yaml row from PyPI metadata; upstream fields are left to :func:`carry_over`."""
+    torch = requirement(meta, "torch")
+    spec = str(torch.specifier) if torch else ""
+    pinned = torch_for(spec, torch_rows)
+    facts = f"Requires-Dist {torch}; Requires-Python {meta.requires_python}" if torch else \
+        f"no torch requirement; Requires-Python {meta.requires_python}"
+    return {"version": version, "torch": spec, "python": meta.requires_python,
+            "cuda": pinned["cuda"] if pinned else "", "wheel_tags": wheel_tags(files),
+            "source": _provenance("vllm", version, filename, facts)}
+
+
+def tensorrt_llm_record(version: str, meta: CoreMetadata, filename: str,
+                        files: list[DistFile]) -> dict[str, Any]:
+    """A tensorrt_llm.yaml row from PyPI metadata; upstream fields come from :func:`carry_over`."""
+    tensorrt, torch = requirement(meta, "tensorrt"), requirement(meta, "torch")
+    prefix = "Programming Language :: Python :: "
+    classifiers = sorted((c[len(prefix):] for c in meta.classifiers
+                          if c.startswith(prefix) and re.fullmatch(r"\d+\.\d+", c[len(prefix):])),
+                         key=Version)
+    facts = "; ".join(str(r) for r in (tensorrt, torch) if r) or "no tensorrt/torch requirement"
+    return {"version": version, "tensorrt": str(tensorrt.specifier) if tensorrt else "",
+            "torch": str(torch.specifier) if torch else "", "python": meta.requires_python,
+            "python_classifiers": classifiers, "wheel_tags": wheel_tags(files),
+            "source": _provenance("tensorrt-llm", version, filename, facts)}
+
+
+def tensorrt_record(version: str, meta: CoreMetadata, filename: str) -> dict[str, Any]:
+    """A tensorrt.yaml row: the metapackage's tensorrt_cuXX pin names the CUDA major."""
+    for line in meta.requires_dist:
+        match = re.match(r"^\s*tensorrt[-_]cu(\d+)\b", line, re.IGNORECASE)
+        if match:
+            req = Requirement(line)
+            return {"version": version, "cuda_major": match.group(1), "requires": str(req),
+                    "source": _provenance("tensorrt", version, filename, f"Requires-Dist {req}"),
+                    "confirmed": True}
+    return {"version": version, "cuda_major": "", "requires": "", "confirmed": False,
+            "source": _provenance("tensorrt", version, filename, "no tensorrt_cuXX requirement"),
+            "note": "the metapackage names no tensorrt_cuXX package"}
+
+
+def carry_over(kind: str, record: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """Fill the upstream-only fields of ``record`` from ``previous`` (same version), if any.
+
+    A release without a previous record gets them empty, ``confirmed: false`` and a note.
+    """
+    fields = UPSTREAM_FIELDS[kind]
+    merged = dict(record)
+    if previous is None:
+        for name in fields:
+            merged[name] = [] if name in ("cuda_archs", "ptx_archs", "system_packages") else ""
+        missing = ", ".join(f for f in fields if f != "upstream_source")
+        merged.update(confirmed=False,
+                      note=f"new release: {missing} not yet read from the upstream source tree")
+        return merged
+    for name in fields + ("confirmed", "note"):
+        if name in previous:
+            merged[name] = previous[name]
+    merged.setdefault("confirmed", False)
+    return merged
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
+
+
+def render(kind: str, records: Iterable[dict[str, Any]]) -> str:
+    """The YAML text of one compat file: records sorted by version, fields in FIELDS order.
+
+    Empty ``note`` fields are left out; unknown fields raise KeyError (a bug, not data).
+    """
+    lines = [f"# {line}".rstrip() for line in HEADERS[kind].splitlines()]
+    lines += ["# Generated by `imgfab compat refresh`; upstream-only fields are carried over from",
+              "# this file, so edit those (with their upstream_source) and nothing else.",
+              "releases:"]
+    for record in sorted(records, key=lambda r: Version(r["version"])):
+        extra = set(record) - set(FIELDS[kind])
+        if extra:
+            raise KeyError(f"{kind} record {record['version']} has unknown fields {sorted(extra)}")
+        first = True
+        for name in FIELDS[kind]:
+            if name not in record or (name == "note" and not record[name]):
+                continue
+            lines.append(f"  {'- ' if first else '  '}{name}: {_scalar(record[name])}")
+            first = False
+    return "\n".join(lines) + "\n"
+
+
+def read_records(path: Path) -> dict[str, dict[str, Any]]:
+    """Existing records of a compat file by version; {} if the file does not exist yet."""
+    import yaml
+
+    if not path.exists():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {str(row["version"]): row for row in data.get("releases") or []}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename; a failure leaves the old file whole."""
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --- the command -----------------------------------------------------------------------------
+
+def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
+            fetch_metadata: FetchMetadata = fetch_metadata,
+            packages: Iterable[str] = ("vllm", "torch", "tensorrt-llm", "tensorrt")) -> list[str]:
+    """Regenerate the PyPI-derived compat files in ``compat_dir``; return what changed.
+
+    ``packages`` picks the files: ``vllm``, ``torch``, ``tensorrt-llm``, ``tensorrt``. Torch rows
+    cover every torch release that a vLLM or TensorRT-LLM pin admits; TensorRT rows every
+    ``tensorrt`` release a TensorRT-LLM pin admits (pins read from the refreshed records, or
+    from the files on disk for a backend not being refreshed).
+
+    Returns one line per added, changed or removed release (empty: nothing changed).
+    Raises NetworkError if PyPI cannot be read; then no file has been touched.
+    """
+    compat_dir = Path(compat_dir)
+    wanted = tuple(packages)
+    unknown = set(wanted) - set(FILES)
+    if unknown:
+        raise ValueError(f"unknown packages {sorted(unknown)}; known: {sorted(FILES)}")
+    old = {kind: read_records(compat_dir / name) for kind, name in FILES.items()}
+    fetch = _Guarded(fetch_json, fetch_metadata)
+
+    torch_all = fetch.versions("torch") if {"vllm", "torch"} & set(wanted) else {}
+    torch_rows: dict[str, dict[str, Any]] = {}
+
+    def torch_row(version: str) -> dict[str, Any]:
+        if version not in torch_rows:
+            torch_rows[version] = torch_record(version, *fetch.metadata("torch", version))
+        return torch_rows[version]
+
+    new: dict[str, dict[str, dict[str, Any]]] = {}
+    if "vllm" in wanted:
+        rows = {}
+        for version in fetch.final_versions("vllm", VLLM_FLOOR):
+            meta, filename = fetch.metadata("vllm", version)
+            spec = str(r.specifier) if (r := requirement(meta, "torch")) else ""
+            for candidate in _admitted(spec, torch_all):
+                torch_row(candidate)
+            record = vllm_record(version, meta, filename, fetch.files("vllm", version), torch_rows)
+            rows[version] = carry_over("vllm", record, old["vllm"].get(version))
+        new["vllm"] = rows
+    if "tensorrt-llm" in wanted:
+        rows = {}
+        for version in fetch.final_versions("tensorrt-llm", TENSORRT_LLM_FLOOR):
+            meta, filename = fetch.metadata("tensorrt-llm", version)
+            record = tensorrt_llm_record(version, meta, filename, fetch.files("tensorrt-llm", version))
+            rows[version] = carry_over("tensorrt-llm", record, old["tensorrt-llm"].get(version))
+        new["tensorrt-llm"] = rows
+    if "torch" in wanted:
+        for kind in ("vllm", "tensorrt-llm"):
+            for row in (new.get(kind) or old[kind]).values():
+                for candidate in _admitted(str(row.get("torch") or ""), torch_all):
+                    torch_row(candidate)
+        new["torch"] = dict(torch_rows)
+    if "tensorrt" in wanted:
+        tensorrt_all = fetch.versions("tensorrt")
+        rows = {}
+        for row in (new.get("tensorrt-llm") or old["tensorrt-llm"]).values():
+            for candidate in _admitted(str(row.get("tensorrt") or ""), tensorrt_all):
+                if candidate not in rows:
+                    rows[candidate] = tensorrt_record(candidate, *fetch.metadata("tensorrt", candidate))
+        new["tensorrt"] = rows
+
+    summary: list[str] = []
+    outputs: dict[Path, str] = {}
+    for kind, rows in new.items():
+        path = compat_dir / FILES[kind]
+        text = render(kind, rows.values())
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            outputs[path] = text
+        summary += _changes(kind, old[kind], rows)
+    for path, text in outputs.items():
+        write_atomically(path, text)
+    return summary
+
+
+def _admitted(spec: str, releases: dict[str, list[DistFile]]) -> list[str]:
+    """Final releases inside ``spec`` that have files, oldest first."""
+    if not spec:
+        return []
+    specifier = SpecifierSet(spec)
+    found = [v for v in releases if releases[v] and specifier.contains(Version(v), prereleases=True)
+             and not Version(v).is_prerelease and not Version(v).is_devrelease]
+    return sorted(found, key=Version)
+
+
+def _changes(kind: str, old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[str]:
+    name = FILES[kind]
+    lines = []
+    for version in sorted(set(old) | set(new), key=Version):
+        if version not in old:
+            state = "" if new[version].get("confirmed") else " (confirmed: false)"
+            lines.append(f"{name}: added {version}{state}")
+        elif version not in new:
+            lines.append(f"{name}: removed {version}")
+        else:
+            changed = [f"{k} {old[version].get(k)!r} -> {new[version].get(k)!r}"
+                       for k in FIELDS[kind] if _norm(old[version].get(k)) != _norm(new[version].get(k))]
+            if changed:
+                lines.append(f"{name}: {version}: " + "; ".join(changed))
+    return lines
+
+
+def _norm(value: Any) -> Any:
+    if value is None or value == "":
+        return None
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
+
+
+class _Guarded:
+    """The injected fetchers, memoised, with every failure turned into NetworkError."""
+
+    def __init__(self, fetch_json: FetchJson, fetch_metadata: FetchMetadata):
+        self._json, self._metadata = fetch_json, fetch_metadata
+        self._indexes: dict[str, dict[str, list[DistFile]]] = {}
+
+    def _call(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return function(*args)
+        except NetworkError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NetworkError(f"could not read {what}: {exc!r}", field="pypi",
+                               fix="check the network and run `imgfab compat refresh` again") from None
+
+    def versions(self, project: str) -> dict[str, list[DistFile]]:
+        """Every parseable release of ``project`` → its non-yanked files."""
+        if project not in self._indexes:
+            url = PYPI_PROJECT_URL.format(project=project)
+            index = self._call(url, self._json, url)
+            releases = index.get("releases") if isinstance(index, dict) else None
+            if not isinstance(releases, dict):
+                raise NetworkError(f"{url} has no 'releases' mapping", field="pypi",
+                                   fix="check that the index URL serves the PyPI JSON API")
+            found = {}
+            for version in releases:
+                try:
+                    Version(version)
+                except InvalidVersion:
+                    continue
+                found[version] = self._call(url, release_files, index, version, url)
+            self._indexes[project] = found
+        return self._indexes[project]
+
+    def files(self, project: str, version: str) -> list[DistFile]:
+        return self.versions(project)[version]
+
+    def final_versions(self, project: str, floor: Version) -> list[str]:
+        """Releases ≥ floor that are not pre/dev releases and have files, oldest first."""
+        return sorted((v for v, files in self.versions(project).items() if files
+                       and Version(v) >= floor and not Version(v).is_prerelease
+                       and not Version(v).is_devrelease), key=Version)
+
+    def metadata(self, project: str, version: str) -> tuple[CoreMetadata, str]:
+        chosen = metadata_file(self.files(project, version))
+        if chosen is None:
+            raise NetworkError(f"{project} {version} has no wheel or sdist on the index",
+                               field="pypi", fix=f"exclude {project} {version} or wait for its upload")
+        text = self._call(chosen.url, self._metadata, chosen.url, chosen.filename)
+        meta = parse_core_metadata(text)
+        if meta.version and Version(meta.version) != Version(version):
+            raise NetworkError(f"{chosen.filename} says version {meta.version}, not {version}",
+                               field="pypi", fix="report the broken upload; nothing was written")
+        return meta, chosen.filename
+
+
+__all__ = ["refresh", "fetch_json", "fetch_metadata", "parse_core_metadata", "torch_record",
+           "vllm_record", "tensorrt_llm_record", "tensorrt_record", "carry_over", "render",
+           "metadata_file", "wheel_tags", "NetworkError"]

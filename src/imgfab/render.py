@@ -1,0 +1,294 @@
+"""Stack → build context: Dockerfile, lock file, run artifacts, the in-image probe.
+
+:func:`render_context` is pure (recipe + stack in, ``{relative path: text}`` out) and
+deterministic: the same recipe and matrix give byte-identical files. :func:`write_context`
+writes them atomically: a failed write leaves no directory behind, a successful one replaces
+the previous render whole.
+
+Decisions live here; the templates under ``templates/`` only lay them out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from imgfab import __version__
+from imgfab.compat import Matrix
+from imgfab.errors import RecipeError
+from imgfab.recipe import Recipe, recipe_hash
+from imgfab.resolve import Stack
+
+LABEL_PREFIX = "org.imgfab"
+# Files of the imgfab package copied into every image so the probe runs the resolver's rules.
+PROBE_MODULES = ("__init__.py", "rules.py", "probe.py")
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def templates_dir() -> Path:
+    return Path(str(resources.files("imgfab") / "_data" / "templates"))
+
+
+def dockerfile_value(value: Any) -> str:
+    """The one escaping filter for values that reach a Dockerfile or script.
+
+    Rejects newlines and NULs outright (a newline would start a new instruction) and quotes
+    the value for a double-quoted Dockerfile/shell context.
+    """
+    text = str(value)
+    if any(ch in text for ch in "\n\r\x00"):
+        raise RecipeError("a value contains a newline", field="recipe",
+                          fix="remove line breaks from recipe values")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+
+
+def shell_words(argv: list[str]) -> str:
+    """Quote an argv for a POSIX shell, one word per argument."""
+    for arg in argv:
+        if any(ch in arg for ch in "\n\r\x00"):
+            raise RecipeError("a value contains a newline", field="recipe")
+    return " ".join(shlex.quote(arg) for arg in argv)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["dq"] = dockerfile_value
+    env.filters["sh"] = shell_words
+    env.filters["json"] = lambda v: json.dumps(v, sort_keys=True)
+    return env
+
+
+def size_bytes(size: str) -> int:
+    match = re.match(r"^([0-9]+)([kmg]?)$", size.lower())
+    if not match:
+        raise RecipeError(f"bad size {size!r}", field="image.shm_size", fix="e.g. 16g")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def _k8s_quantity(size: str) -> str:
+    """Docker size (16g) → Kubernetes quantity (16Gi)."""
+    number, unit = re.match(r"^([0-9]+)([kmg]?)$", size.lower()).groups()  # type: ignore[union-attr]
+    return number + {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit]
+
+
+def image_tag(recipe: Recipe, stack: Stack) -> str:
+    """The tag an ops team picks by: backend+version, CUDA, GPU arch, precision.
+
+    >>> # e.g. vllm0.11.0-cu12.8.1-sm90-fp8
+    """
+    tag = f"{stack.backend.replace('-', '')}{stack.backend_version}-cu{stack.cuda}-{stack.sm}"
+    if stack.precision not in ("auto", "bf16", "fp16"):
+        tag += f"-{stack.precision.replace('_', '')}"
+    if stack.backend_path == "engine":
+        tag += "-engine"
+    return tag
+
+
+def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: str) -> dict[str, str]:
+    """Labels written on the image; the probe reads the same set from /opt/imgfab/image.json."""
+    p = LABEL_PREFIX
+    return {
+        "org.opencontainers.image.title": recipe.name,
+        "org.opencontainers.image.description":
+            f"{recipe.model.id} served by {stack.backend} {stack.backend_version} for {stack.gpu}",
+        "org.opencontainers.image.vendor": "imgfab",
+        "org.opencontainers.image.version": digest[:12],
+        "org.opencontainers.image.base.name": stack.runtime_image,
+        f"{p}.version": __version__,
+        f"{p}.recipe.name": recipe.name,
+        f"{p}.recipe.hash": digest,
+        f"{p}.model.id": recipe.model.id,
+        f"{p}.model.revision": recipe.model.revision or "",
+        f"{p}.model.mount": recipe.model.mount_path,
+        f"{p}.weights.required": weights_required,
+        f"{p}.backend": stack.backend,
+        f"{p}.backend.version": stack.backend_version,
+        f"{p}.backend.path": stack.backend_path,
+        f"{p}.cuda": stack.cuda,
+        f"{p}.os": stack.os,
+        f"{p}.python": stack.python,
+        f"{p}.torch": stack.torch,
+        f"{p}.tensorrt": stack.tensorrt,
+        f"{p}.driver.floor": stack.driver_floor,
+        f"{p}.driver.policy": stack.driver_policy,
+        f"{p}.driver.strict_floor": stack.strict_floor,
+        f"{p}.driver.compat_floor": stack.compat_floor,
+        f"{p}.gpu": stack.gpu,
+        f"{p}.gpu.cc": stack.compute_capability,
+        f"{p}.archs": ",".join(stack.archs),
+        f"{p}.arch.exact": "true" if stack.arch_exact else "false",
+        f"{p}.precision": stack.precision,
+        f"{p}.precision.min_cc": stack.precision_min_cc,
+        f"{p}.precision.max_cc": stack.precision_max_cc,
+        f"{p}.kv_cache_dtype": stack.kv_cache_dtype,
+        f"{p}.tp": str(stack.tensor_parallel),
+        f"{p}.pp": str(stack.pipeline_parallel),
+        f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
+        f"{p}.serve.port": str(recipe.serve.port),
+    }
+
+
+def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
+    """Per workload preset, the server argv the entrypoint execs (model path first)."""
+    mount = recipe.model.mount_path
+    name = recipe.serve.served_model_name or recipe.name
+    max_len = recipe.serve.max_model_len or recipe.engine.max_seq_len
+    commands: dict[str, list[str]] = {}
+    for preset, limits in recipe.limits().items():
+        if stack.backend == "vllm":
+            argv = ["vllm", "serve", mount, "--served-model-name", name, "--host", "0.0.0.0",
+                    "--port", str(recipe.serve.port),
+                    "--tensor-parallel-size", str(stack.tensor_parallel),
+                    "--pipeline-parallel-size", str(stack.pipeline_parallel),
+                    "--max-model-len", str(max_len),
+                    "--gpu-memory-utilization", str(recipe.serve.gpu_memory_utilization),
+                    "--max-num-seqs", str(limits["max_num_seqs"]),
+                    "--max-num-batched-tokens", str(limits["max_num_batched_tokens"])]
+            argv.append("--enable-chunked-prefill" if limits["enable_chunked_prefill"]
+                        else "--no-enable-chunked-prefill")
+            argv.append("--enable-prefix-caching" if limits["enable_prefix_caching"]
+                        else "--no-enable-prefix-caching")
+            if recipe.engine.dtype != "auto":
+                argv += ["--dtype", recipe.engine.dtype]
+            if stack.precision == "fp8":
+                argv += ["--quantization", "fp8"]  # online FP8 (W8A8) from a 16-bit checkpoint
+            if stack.kv_cache_dtype == "fp8":
+                argv += ["--kv-cache-dtype", "fp8"]
+        else:
+            served = "/opt/imgfab/engine" if stack.backend_path == "engine" else mount
+            argv = ["trtllm-serve", served, "--host", "0.0.0.0", "--port", str(recipe.serve.port),
+                    "--backend", "tensorrt" if stack.backend_path == "engine" else "pytorch",
+                    "--max_batch_size", str(min(limits["max_num_seqs"], recipe.engine.max_batch_size)),
+                    "--max_num_tokens", str(limits["max_num_batched_tokens"]),
+                    "--max_seq_len", str(max_len),
+                    "--tp_size", str(stack.tensor_parallel), "--pp_size", str(stack.pipeline_parallel),
+                    "--kv_cache_free_gpu_memory_fraction", str(recipe.serve.gpu_memory_utilization)]
+            if stack.backend_path == "engine":
+                argv += ["--tokenizer", mount]
+        commands[preset] = argv
+    return commands
+
+
+# TensorRT-LLM's PyPI entries are stubs whose real wheels live on NVIDIA's index
+# (tensorrt-llm 1.2.1 sdist: build backend wheel-stub fetches from pypi.nvidia.com).
+_EXTRA_INDEX = {"tensorrt-llm": "https://pypi.nvidia.com"}
+
+
+def _requirements(stack: Stack) -> list[str]:
+    """requirements.txt lines: the backend and torch pinned exactly, option lines first."""
+    package = {"vllm": "vllm", "tensorrt-llm": "tensorrt-llm"}[stack.backend]
+    pins = [f"{package}=={stack.backend_version}"]
+    if stack.torch:
+        pins.append(f"torch=={stack.torch}")
+    options = [f"--extra-index-url {_EXTRA_INDEX[stack.backend]}"] if stack.backend in _EXTRA_INDEX else []
+    return options + sorted(pins)
+
+
+def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
+                   recipe_text: str = "") -> dict[str, str]:
+    """Render every file of the build context. Pure and deterministic."""
+    digest = recipe_hash(recipe)
+    profile = matrix.profiles[stack.backend]
+    labels = image_labels(recipe, stack, digest, profile.weights_required)
+    tag = image_tag(recipe, stack)
+    repository = recipe.image.repository
+    image_ref = f"{repository}:{tag}"
+    commands = serve_commands(recipe, stack)
+    runtime_packages = sorted(set(profile.runtime_packages) | set(profile.runtime_toolchain))
+    context: dict[str, Any] = {
+        "imgfab_version": __version__,
+        "recipe": recipe.model_dump(mode="json"),
+        "recipe_hash": digest,
+        "stack": stack.to_dict(),
+        "labels": labels,
+        "tag": tag,
+        "image_ref": image_ref,
+        "builder_packages": sorted(profile.builder_packages),
+        "runtime_packages": runtime_packages,
+        "runtime_toolchain": sorted(profile.runtime_toolchain),
+        "requirements": _requirements(stack),
+        "serve_commands": commands,
+        "default_preset": recipe.serve.preset,
+        "uid": recipe.image.uid,
+        "mount_path": recipe.model.mount_path,
+        "port": recipe.serve.port,
+        "shm_size": recipe.image.shm_size,
+        "shm_bytes": size_bytes(recipe.image.shm_size),
+        "shm_k8s": _k8s_quantity(recipe.image.shm_size),
+        "gpu_count": stack.tensor_parallel * stack.pipeline_parallel,
+        "health_path": "/health",
+    }
+    env = _environment()
+    files: dict[str, str] = {
+        "Dockerfile": env.get_template("Dockerfile.j2").render(context),
+        "requirements.txt": "\n".join(context["requirements"]) + "\n",
+        "netenv.sh": env.get_template("netenv.sh.j2").render(context),
+        "entrypoint.sh": env.get_template("entrypoint.sh.j2").render(context),
+        "imgfab-probe.sh": env.get_template("imgfab-probe.sh.j2").render(context),
+        "run.sh": env.get_template("run.sh.j2").render(context),
+        "compose.yaml": env.get_template("compose.yaml.j2").render(context),
+        "k8s.yaml": env.get_template("k8s.yaml.j2").render(context),
+        "image.json": json.dumps(labels, indent=2, sort_keys=True) + "\n",
+        "imgfab.lock.json": json.dumps(_lock(recipe, stack, digest, tag, context), indent=2,
+                                       sort_keys=True) + "\n",
+    }
+    package = resources.files("imgfab")
+    for module in PROBE_MODULES:
+        source = package / module
+        if source.is_file():
+            files[f"imgfab/{module}"] = source.read_text(encoding="utf-8") if module != "__init__.py" \
+                else '"""imgfab in-image probe (copied from the imgfab package that rendered this image)."""\n'
+    return files
+
+
+def _lock(recipe: Recipe, stack: Stack, digest: str, tag: str, context: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "imgfab": __version__,
+        "recipe": {"name": recipe.name, "hash": digest},
+        "image": {"repository": recipe.image.repository, "tag": tag,
+                  "builder_base": stack.builder_image, "runtime_base": stack.runtime_image},
+        "stack": stack.to_dict(),
+        "requirements": context["requirements"],
+        "serve": context["serve_commands"],
+    }
+
+
+def write_context(files: dict[str, str], output: Path) -> Path:
+    """Write ``files`` into ``output`` atomically; returns ``output``.
+
+    Files go to a temporary sibling directory first; only a complete render is swapped in.
+    Scripts (``*.sh``) are made executable.
+    """
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        for relative, text in sorted(files.items()):
+            path = staging / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            os.chmod(path, 0o755 if relative.endswith(".sh") else 0o644)
+        os.chmod(staging, 0o755)
+        if output.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+            os.rename(output, retired / "x")
+            os.rename(staging, output)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.rename(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output

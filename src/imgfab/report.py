@@ -1,0 +1,63 @@
+"""Human-readable output for `resolve` and `matrix` (plain text, stable for golden tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from imgfab.compat import BackendRelease, Matrix
+from imgfab.resolve import Rejection, Resolution
+
+
+def print_resolution(resolution: Resolution) -> None:
+    stack = resolution.stack
+    rows = [
+        ("backend", f"{stack.backend} {stack.backend_version}"
+                    + (f" ({stack.backend_path} path)" if stack.backend != "vllm" else "")),
+        ("torch", stack.torch or "-"),
+        ("tensorrt", stack.tensorrt or "-"),
+        ("cuda", stack.cuda),
+        ("os / python", f"{stack.os} / Python {stack.python}"),
+        ("builder base", stack.builder_image),
+        ("runtime base", f"{stack.runtime_image} ({stack.runtime_flavor})"),
+        ("gpu", f"{stack.gpu} (compute capability {stack.compute_capability}, {stack.sm})"),
+        ("kernels for", ", ".join(stack.archs) + (" (exact: TensorRT engine)" if stack.arch_exact else "")),
+        ("precision", f"{stack.precision}, kv-cache {stack.kv_cache_dtype}"),
+        ("parallelism", f"tp={stack.tensor_parallel} pp={stack.pipeline_parallel}"),
+        ("driver floor", f"{stack.driver_floor} ({stack.driver_policy}; strict {stack.strict_floor}, "
+                         f"minor-compat {stack.compat_floor or '-'})"),
+        ("NVIDIA_REQUIRE_CUDA", stack.nvidia_require_cuda),
+        ("resolved for driver", stack.fleet_driver),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+    for note in stack.notes:
+        click.echo(f"note: {note}")
+    for fact in stack.unconfirmed:
+        click.echo(f"unconfirmed: {fact}")
+    if resolution.rejections:
+        click.echo(f"rejected ({len(resolution.rejections)}):")
+        for rejection in resolution.rejections:
+            click.echo(f"  {rejection.candidate}: {rejection.constraint}: {rejection.reason}")
+
+
+def print_host_fit(matrix: Matrix, gpu: str, driver: str, policy: str,
+                   rows: list[tuple[BackendRelease, dict[str, Any] | None, list[Rejection]]]) -> None:
+    found = matrix.gpu(gpu)
+    click.echo(f"host: {found.name if found else gpu} (compute capability "
+               f"{found.compute_capability if found else '?'}), driver {driver}, policy {policy}")
+    fits = [(r, f) for r, f, _ in rows if f is not None]
+    click.echo(f"fits ({len(fits)}):")
+    for release, fields in fits:
+        assert fields is not None
+        click.echo(f"  {release.backend} {release.version}: CUDA {fields['toolkit'].version} on "
+                   f"{fields['os'].name}, driver floor {fields['floor']}")
+    click.echo(f"does not fit ({len(rows) - len(fits)}):")
+    for release, fields, failures in rows:
+        if fields is None:
+            click.echo(f"  {release.backend} {release.version}: "
+                       + "; ".join(f"{f.constraint}: {f.reason}" for f in failures))
+    for label, why in matrix.dropped:
+        click.echo(f"  {label}: dropped at load: {why}")
