@@ -151,6 +151,190 @@ def bases(recipes: tuple[str, ...], compat_dir: str | None) -> None:
         click.echo(ref)
 
 
+def _host_gpu(driver: str | None, gpu: str | None):
+    """--driver/--gpu, or this host's NVML when either is omitted."""
+    from imgfab.compat import load_matrix
+    from imgfab.probe import load_nvml, read_host
+    from imgfab.select import HostGpu
+
+    if driver is None or gpu is None:
+        facts = read_host(load_nvml())
+        if facts.error or not facts.gpus:
+            raise RecipeError(f"cannot read this host's GPU ({facts.error or 'no GPU visible'})",
+                              field="--driver/--gpu", fix="pass --driver and --gpu explicitly")
+        driver = driver or facts.driver
+        gpu = gpu or facts.gpus[0].name
+    found = load_matrix().gpu(gpu)
+    if found is None:
+        raise RecipeError(f"unknown GPU {gpu!r}", field="--gpu", fix="a name from compat/gpus.yaml, e.g. L40S")
+    return HostGpu(driver=_driver_option(driver) or driver, gpu=found.name,
+                   compute_capability=found.compute_capability)
+
+
+@cli.command("select")
+@click.option("--registry", "repository", required=True, help="REGISTRY/REPOSITORY to choose from.")
+@click.option("--driver", help="Host driver (default: this host's, via NVML).")
+@click.option("--gpu", help="Host GPU name (default: this host's first GPU).")
+@click.option("--model", help="Only images of this recipe name prefix or model id.")
+@click.option("--backend", type=click.Choice(["vllm", "tensorrt-llm"]))
+@click.option("--explain", is_flag=True, help="Every published tag and why it was or was not chosen.")
+@click.option("--json", "as_json", is_flag=True)
+def select_image(repository: str, driver: str | None, gpu: str | None, model: str | None,
+                 backend: str | None, explain: bool, as_json: bool) -> None:
+    """Print the digest reference of the newest published image that fits a host."""
+    from imgfab import registry
+    from imgfab.errors import CompatibilityError
+    from imgfab.select import Published, choose, what_host_needs
+
+    host = _host_gpu(driver, gpu)
+    registry_host = repository.split("/", 1)[0]
+    credentials = registry.Credentials.load(registry_host)
+    images = []
+    for tag in registry.list_tags(repository, credentials):
+        ref = f"{repository}:{tag}"
+        labels = (registry.image_config(ref, credentials).get("config") or {}).get("Labels") or {}
+        digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
+        images.append(Published(repository, tag, digest, labels))
+    best, candidates = choose(images, host, model=model, backend=backend)
+    if as_json:
+        click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,
+                               "candidates": [{"tag": c.image.tag, "reference": c.image.reference,
+                                               "fits": c.fits, "reason": c.reason()} for c in candidates]},
+                              indent=2))
+    elif explain:
+        for candidate in candidates:
+            mark = "*" if best is candidate else ("+" if candidate.fits else "-")
+            click.echo(f"{mark} {candidate.image.tag}: {candidate.reason()}")
+    if best is None:
+        nearest = ", ".join(c.image.tag for c in candidates[:3]) or "none"
+        error = CompatibilityError(
+            f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}) with driver "
+            f"{host.driver}; nearest: {nearest}", field="select",
+            fix=f"the host would need {what_host_needs(candidates, host)}")
+        error.exit_code = 1
+        raise error
+    if not as_json:
+        click.echo(best.image.reference)
+
+
+@cli.command()
+@click.argument("image")
+@click.option("--weights", type=click.Path(file_okay=False, exists=True), required=True,
+              help="Host directory with the weights, mounted read-only at the image's mount path.")
+@click.option("--gpus", default="all", show_default=True, help="GPUs for the container ('none' for none).")
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for CI).")
+def smoke(image: str, weights: str, gpus: str, timeout_s: float, as_json: bool) -> None:
+    """Start IMAGE with its recipe's run settings, wait for health, ask for completions, report."""
+    from imgfab import engine
+    from imgfab.smoke import RunSettings, smoke_image
+
+    labels = (engine.inspect_image(image).get("Config") or {}).get("Labels") or {}
+    if "org.imgfab.model.mount" not in labels:
+        raise RecipeError(f"{image} has no org.imgfab labels", field="IMAGE", fix="smoke an image built by imgfab")
+    settings = RunSettings(
+        gpus=None if gpus == "none" else gpus, shm_size=int(labels["org.imgfab.shm.min_bytes"]),
+        mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True),),
+        container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s)
+    report = smoke_image(image, settings, engine)
+    if as_json:
+        click.echo(report.to_json())
+    else:
+        state = "passed" if report.passed else "FAILED"
+        click.echo(f"smoke {state}: ttft {report.ttft_ms} ms, {report.tokens_per_s} tokens/s, "
+                   f"models {', '.join(report.model_ids) or '-'}")
+        for failure in report.failures:
+            click.echo(f"  {failure}")
+    sys.exit(0 if report.passed else 1)
+
+
+@cli.command()
+@click.option("--image", help="Also check whether IMAGE (registry reference) will run here, without pulling it.")
+@click.option("--json", "as_json", is_flag=True)
+def doctor(image: str | None, as_json: bool) -> None:
+    """Check this host for what GPU inference images need; each finding with its fix."""
+    from imgfab import doctor as checks
+    from imgfab import engine
+
+    labels = None
+    if image:
+        from imgfab import registry
+
+        credentials = registry.Credentials.load(image.split("/", 1)[0])
+        labels = (registry.image_config(image, credentials).get("config") or {}).get("Labels") or {}
+    findings = checks.diagnose(checks.live_view(engine.docker_info), image_labels=labels)
+    if as_json:
+        click.echo(checks.to_json(findings))
+    else:
+        for finding in findings:
+            click.echo(finding.line())
+    sys.exit(checks.exit_code(findings))
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Path(file_okay=False),
+              help="Build context directory (default build/<name>; with several recipes, "
+                   "DIR/<name>).")
+@click.option("--mirror", envvar="IMGFAB_MIRROR", help="HOST/PREFIX base images are pulled through.")
+@click.option("--ca-cert", envvar="IMGFAB_CA_CERT", type=click.Path(dir_okay=False),
+              help="CA bundle for build steps (a BuildKit secret, never in a layer).")
+@click.option("--pip-index-url", envvar="IMGFAB_PIP_INDEX_URL", help="pip index for the payload.")
+@click.option("--network", type=click.Choice(["host"]), help="Build-step network (host: reach 127.0.0.1).")
+@click.option("--pin-digests", is_flag=True, help="Pin base images to the registry's current digests.")
+@click.option("--push", is_flag=True, help="Push to --registry after verify (and --smoke) pass.")
+@click.option("--registry", envvar="IMGFAB_REGISTRY", help="Registry HOST[:PORT] to tag and push to.")
+@click.option("--registry-user", help="Registry user (default IMGFAB_REGISTRY_USER or docker login).")
+@click.option("--password-stdin", is_flag=True, help="Read the registry password from stdin.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
+@click.option("--bake", "bake_file", type=click.Path(dir_okay=False),
+              help="Write a docker buildx bake file for RECIPES instead of building.")
+@click.option("--smoke", is_flag=True, help="Smoke-test the image (needs --weights); failure blocks --push.")
+@click.option("--weights", type=click.Path(file_okay=False, exists=True),
+              help="Weights directory for --smoke.")
+@click.option("--smoke-gpus", default="all", show_default=True, help="GPUs for --smoke ('none' for none).")
+@compat_option
+def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_cert: str | None,
+          pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
+          registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
+          bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
+          compat_dir: str | None) -> None:
+    """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
+    if bake_file:
+        from imgfab.bake import write_bake
+
+        written = write_bake(list(recipes), Path(bake_file), mirror=mirror)
+        click.echo(f"wrote {written}")
+        return
+    from imgfab.build import BuildOptions, BuildProgress, build_recipe
+
+    password = sys.stdin.read().rstrip("\r\n") if password_stdin else None
+    options = BuildOptions(mirror=mirror, ca_cert=Path(ca_cert) if ca_cert else None,
+                           pip_index_url=pip_index_url, network=network, pin_digests=pin_digests,
+                           push=push, registry=registry, registry_user=registry_user,
+                           registry_password=password, smoke=smoke,
+                           weights=Path(weights) if weights else None, smoke_gpus=smoke_gpus,
+                           compat_dir=Path(compat_dir) if compat_dir else None)
+    results = []
+    for path in recipes:
+        context = None
+        if output:
+            context = Path(output) if len(recipes) == 1 else Path(output) / Path(path).stem
+        with BuildProgress(Path(path).name, rich_ui=not as_json) as progress:
+            built = build_recipe(path, options, on_line=progress.line, context_dir=context)
+        results.append(built)
+        if not as_json:
+            cached = ", ".join(f"{stage} {c}/{n}" for stage, (c, n) in built.cached_by_stage.items())
+            click.echo(f"built {built.tags[0]} ({built.image_id[:19]}, "
+                       f"{built.size_bytes / 1e6:.0f} MB, {built.duration_s:.1f}s; cached: {cached})")
+            if built.pushed:
+                click.echo(f"pushed {built.pushed}")
+    if as_json:
+        payload = results[0].to_dict() if len(results) == 1 else \
+            {"images": [r.to_dict() for r in results]}
+        click.echo(json.dumps(payload, indent=2, sort_keys=True))
+
+
 @cli.group()
 def compat() -> None:
     """Maintain the compatibility matrix."""
@@ -165,6 +349,62 @@ def compat_refresh(compat_dir: str) -> None:
 
     for line in refresh(Path(compat_dir)):
         click.echo(line)
+
+
+@cli.command()
+@click.argument("image")
+@click.option("--registry", "registry_host", required=True, help="Registry host[:port].")
+@click.option("--registry-user", help="User (default: the Docker config's, or IMGFAB_REGISTRY_USER).")
+@click.option("--password-stdin", is_flag=True, help="Read the password from stdin.")
+@click.option("--attempts", type=click.IntRange(1, 20), default=5, show_default=True,
+              help="Tries for transient failures (never for refused credentials).")
+def push(image: str, registry_host: str, registry_user: str | None, password_stdin: bool,
+         attempts: int) -> None:
+    """Push local IMAGE to REGISTRY (same repository and tag); print the digest reference."""
+    from imgfab.registry import Credentials, push as push_to_registry, retarget
+
+    password = sys.stdin.read().rstrip("\r\n") if password_stdin else None
+    target = retarget(image, registry_host)
+    credentials = Credentials.load(registry_host, registry_user, password)
+    click.echo(push_to_registry(image, target, credentials=credentials, attempts=attempts,
+                                on_line=lambda line: click.echo(line, err=True)
+                                if line.startswith("retrying") else None))
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="build/docker-bake.json",
+              show_default=True, help="Where to write the bake file.")
+@click.option("--mirror", default=lambda: os.environ.get("IMGFAB_MIRROR"),
+              help="Registry prefix for base images (default: $IMGFAB_MIRROR).")
+@click.option("--registry", "registry_host", default=lambda: os.environ.get("IMGFAB_REGISTRY"),
+              help="Registry the tags point at (default: $IMGFAB_REGISTRY).")
+@compat_option
+def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
+         compat_dir: str | None) -> None:
+    """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
+    from imgfab.bake import write_bake
+
+    written = write_bake(list(recipes), Path(output), mirror=mirror or None,
+                         registry=registry_host or None,
+                         compat_dir=Path(compat_dir) if compat_dir else None)
+    click.echo(f"wrote {written}")
+
+
+@cli.group()
+def ci() -> None:
+    """Print CI pipeline definitions."""
+
+
+@ci.command("github")
+@click.argument("recipes", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--registry", "registry_host", default="ghcr.io", show_default=True,
+              help="Registry the tag builds push to.")
+def ci_github(recipes: tuple[str, ...], registry_host: str) -> None:
+    """Print a GitHub Actions workflow: one job per recipe, push on v* tags."""
+    from imgfab.ci import github_workflow
+
+    click.echo(github_workflow(list(recipes) or None, registry=registry_host), nl=False)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import jinja2
 
-from imgfab import __version__
+from imgfab import __version__, trtllm
 from imgfab.compat import Matrix
 from imgfab.errors import RecipeError
 from imgfab.recipe import Recipe, recipe_hash
@@ -166,17 +166,10 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
                 argv += ["--quantization", "fp8"]  # online FP8 (W8A8) from a 16-bit checkpoint
             if stack.kv_cache_dtype == "fp8":
                 argv += ["--kv-cache-dtype", "fp8"]
-        else:
-            served = "/opt/imgfab/engine" if stack.backend_path == "engine" else mount
-            argv = ["trtllm-serve", served, "--host", "0.0.0.0", "--port", str(recipe.serve.port),
-                    "--backend", "tensorrt" if stack.backend_path == "engine" else "pytorch",
-                    "--max_batch_size", str(min(limits["max_num_seqs"], recipe.engine.max_batch_size)),
-                    "--max_num_tokens", str(limits["max_num_batched_tokens"]),
-                    "--max_seq_len", str(max_len),
-                    "--tp_size", str(stack.tensor_parallel), "--pp_size", str(stack.pipeline_parallel),
-                    "--kv_cache_free_gpu_memory_fraction", str(recipe.serve.gpu_memory_utilization)]
-            if stack.backend_path == "engine":
-                argv += ["--tokenizer", mount]
+        else:  # TensorRT-LLM: built and checked against the release's flag table in trtllm.py
+            served = trtllm.engine_plan(recipe, stack).served_engine \
+                if stack.backend_path == "engine" else None
+            argv = trtllm.serve_argv(recipe, stack, limits, served=served)
         commands[preset] = argv
     return commands
 
@@ -192,16 +185,32 @@ def _requirements(stack: Stack) -> list[str]:
     pins = [f"{package}=={stack.backend_version}"]
     if stack.torch:
         pins.append(f"torch=={stack.torch}")
+    if stack.backend == "tensorrt-llm":  # one exact TensorRT: the engine's cache key and label name it
+        pins.append(f"tensorrt=={trtllm.tensorrt_pin(stack)}")
     options = [f"--extra-index-url {_EXTRA_INDEX[stack.backend]}"] if stack.backend in _EXTRA_INDEX else []
     return options + sorted(pins)
 
 
 def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
-                   recipe_text: str = "") -> dict[str, str]:
-    """Render every file of the build context. Pure and deterministic."""
+                   recipe_text: str = "", engine_strategy: str = "two-phase") -> dict[str, str]:
+    """Render every file of the build context. Pure and deterministic.
+
+    ``engine_strategy`` (TensorRT engine path only): ``two-phase`` ships the weight-stripped
+    engine compiled by :func:`imgfab.trtllm.two_phase` (``engine/`` in the context), ``at-start``
+    ships none and compiles on first start. See :func:`imgfab.trtllm.choose_compile_strategy`.
+    """
     digest = recipe_hash(recipe)
     profile = matrix.profiles[stack.backend]
     labels = image_labels(recipe, stack, digest, profile.weights_required)
+    plan = None
+    if stack.backend == "tensorrt-llm":
+        trtllm.flag_table(stack)  # both paths: refuse a release whose flags cannot be checked
+    if stack.backend_path == "engine":
+        if engine_strategy not in ("two-phase", "at-start"):
+            raise RecipeError(f"engine strategy {engine_strategy!r} is not rendered by this imgfab",
+                              field="--compile", fix="two-phase or --engine-at-start")
+        plan = trtllm.engine_plan(recipe, stack, strategy=engine_strategy)
+        labels.update(plan.labels)
     tag = image_tag(recipe, stack)
     repository = recipe.image.repository
     image_ref = f"{repository}:{tag}"
@@ -229,6 +238,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "shm_k8s": _k8s_quantity(recipe.image.shm_size),
         "gpu_count": stack.tensor_parallel * stack.pipeline_parallel,
         "health_path": "/health",
+        "engine": _engine_context(plan, recipe),
     }
     env = _environment()
     files: dict[str, str] = {
@@ -244,6 +254,9 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "imgfab.lock.json": json.dumps(_lock(recipe, stack, digest, tag, context), indent=2,
                                        sort_keys=True) + "\n",
     }
+    if plan is not None:
+        files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
+        files["imgfab-quantize.py"] = env.get_template("imgfab-quantize.py.j2").render(context)
     package = resources.files("imgfab")
     for module in PROBE_MODULES:
         source = package / module
@@ -251,6 +264,22 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
             files[f"imgfab/{module}"] = source.read_text(encoding="utf-8") if module != "__init__.py" \
                 else '"""imgfab in-image probe (copied from the imgfab package that rendered this image)."""\n'
     return files
+
+
+def _engine_context(plan: trtllm.EnginePlan | None, recipe: Recipe) -> dict[str, Any]:
+    """What the TensorRT engine templates lay out; ``{"path": False}`` off the engine path."""
+    if plan is None:
+        return {"path": False}
+    return {"path": True, "strategy": plan.strategy, "cache_key": plan.cache_key,
+            "cache_root": trtllm.ENGINE_CACHE, "cache_dir": plan.cache_dir,
+            "served": plan.served_engine, "in_image": trtllm.ENGINE_IN_IMAGE,
+            "out": trtllm.COMPILE_OUT, "checkpoint_argv": plan.checkpoint_argv,
+            "build_argv": plan.build_argv, "start_checkpoint_argv": plan.start_checkpoint_argv,
+            "start_build_argv": plan.start_build_argv, "refit_argv": plan.refit_argv,
+            "runtime_checkpoint": plan.runtime_checkpoint, "tensorrt": plan.tensorrt,
+            "calibration": recipe.engine.calibration is not None,
+            "calibration_file": trtllm.CALIBRATION_FILE, "flags_note": plan.flags_note,
+            "quantize_script": trtllm.QUANTIZE_SCRIPT, "compile_script": trtllm.COMPILE_SCRIPT}
 
 
 def _lock(recipe: Recipe, stack: Stack, digest: str, tag: str, context: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +291,9 @@ def _lock(recipe: Recipe, stack: Stack, digest: str, tag: str, context: dict[str
         "stack": stack.to_dict(),
         "requirements": context["requirements"],
         "serve": context["serve_commands"],
-    }
+    } | ({"engine": {k: v for k, v in context["engine"].items() if k.endswith("argv")}
+          | {"cache_key": context["engine"]["cache_key"], "strategy": context["engine"]["strategy"]}}
+         if context["engine"]["path"] else {})
 
 
 def write_context(files: dict[str, str], output: Path) -> Path:

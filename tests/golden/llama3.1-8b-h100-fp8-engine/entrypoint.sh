@@ -21,12 +21,27 @@ if [ "$#" -gt 0 ]; then
     exec "$@"
 fi
 
+# The TensorRT engine lives in the cache volume under its key (GPU compute capability,
+# TensorRT, TensorRT-LLM, recipe hash); .imgfab-ready marks a complete one, reused afterwards.
+engine_dir=/var/cache/imgfab/engines/db2c0d1fb53bf57196ce15a3694bd98ede30cc83a3dfebbc7d4a5a6def3e3423/engine
+if [ ! -f "$engine_dir/.imgfab-ready" ]; then
+    rm -rf "$engine_dir"
+    mkdir -p /var/cache/imgfab/engines/db2c0d1fb53bf57196ce15a3694bd98ede30cc83a3dfebbc7d4a5a6def3e3423
+    # Refit the weight-stripped engine with the weights of the checkpoint it was built from.
+    if [ ! -f /models/llama3.1-8b/imgfab-trtllm/db2c0d1fb53bf571/checkpoint/config.json ]; then
+        echo "imgfab: no TensorRT-LLM checkpoint at /models/llama3.1-8b/imgfab-trtllm/db2c0d1fb53bf571/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
+        exit 2
+    fi
+    trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/llama3.1-8b/imgfab-trtllm/db2c0d1fb53bf571/checkpoint --output_dir /var/cache/imgfab/engines/db2c0d1fb53bf57196ce15a3694bd98ede30cc83a3dfebbc7d4a5a6def3e3423/engine
+    touch "$engine_dir/.imgfab-ready"
+fi
+
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec trtllm-serve /opt/imgfab/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 64 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
+        exec trtllm-serve /var/cache/imgfab/engines/db2c0d1fb53bf57196ce15a3694bd98ede30cc83a3dfebbc7d4a5a6def3e3423/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 64 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
         ;;
     long-context)
-        exec trtllm-serve /opt/imgfab/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 32768 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
+        exec trtllm-serve /var/cache/imgfab/engines/db2c0d1fb53bf57196ce15a3694bd98ede30cc83a3dfebbc7d4a5a6def3e3423/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2

@@ -1,0 +1,60 @@
+"""Shared by the bench scripts: the light (fake wheels on a local index) or real payload."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
+
+
+def docker(*args: str) -> str:
+    return subprocess.run([DOCKER, *args], capture_output=True, text=True, check=True).stdout
+
+
+def stack_of(recipe: Path):
+    from imgfab.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.render import render_context
+    from imgfab.resolve import resolve
+
+    parsed = load_recipe(recipe)
+    matrix = load_matrix()
+    stack = resolve(parsed, matrix).stack
+    return parsed, stack, render_context(parsed, stack, matrix)
+
+
+@contextlib.contextmanager
+def options_for(payload: str, recipe: Path) -> Iterator:
+    """BuildOptions for ``payload`` (light: fake wheels on 127.0.0.1; real: PyPI through the
+    host CA bundle)."""
+    from imgfab.build import BuildOptions
+
+    ca = os.environ.get("IMGFAB_CA_CERT")
+    base = dict(mirror=os.environ.get("IMGFAB_MIRROR"), network="host",
+                ca_cert=Path(ca) if ca else None)
+    if payload == "real":
+        yield BuildOptions(**base)
+        return
+    from fake_payload import pins_of, serve_index
+
+    os.environ.setdefault("IMGFAB_PIP_RETRIES", "0")
+    os.environ.setdefault("IMGFAB_PIP_TIMEOUT", "5")
+    _, _, files = stack_of(recipe)
+    with tempfile.TemporaryDirectory() as root:
+        req = Path(root) / "requirements.txt"
+        req.write_text(files["requirements.txt"])
+        with serve_index(pins_of(req), Path(root) / "index") as url:
+            yield BuildOptions(pip_index_url=url, **base)
+
+
+def prune_build_cache() -> None:
+    """Empties the engine's whole BuildKit cache (every project's): a cold build."""
+    docker("builder", "prune", "-af")

@@ -1,0 +1,259 @@
+"""Recipe → built, verified (optionally smoke-tested and pushed) image.
+
+:func:`build_recipe` is the whole flow for one recipe:
+
+1. load, resolve and render the build context into ``build/<name>`` (or ``--output``);
+2. map the Dockerfile's base-image arguments through the mirror (``ref`` →
+   ``{mirror}/{ref}``), optionally pinned to the digest the registry serves now;
+3. ``docker build`` through :mod:`imgfab.engine` with the CA bundle and a pip configuration as
+   BuildKit secrets (the pip.conf is a temporary file outside the context, gone afterwards);
+4. tag ``<registry>/<repository>:<tag>`` (with a registry) and ``<repository>:<tag>``;
+5. :mod:`imgfab.verify` (a rejected image loses its tags: nothing half-written remains);
+6. optionally :func:`imgfab.smoke.smoke_image` (a failed smoke blocks the push);
+7. optionally push through :mod:`imgfab.registry`.
+
+Errors are the typed ones of :mod:`imgfab.errors`: bad options are :class:`RecipeError`
+(exit 2), Docker / registry / a failed check exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgfab import engine
+from imgfab.errors import RecipeError, ValidationFailed
+
+# Extra pip.conf settings from the environment (the secret never reaches a layer, and a
+# secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
+# IMGFAB_PIP_TIMEOUT / IMGFAB_PIP_RETRIES make an unreachable extra index fail fast.
+_PIP_ENV_SETTINGS = {"IMGFAB_PIP_TIMEOUT": "timeout", "IMGFAB_PIP_RETRIES": "retries"}
+
+
+@dataclass
+class BuildOptions:
+    """The ``imgfab build`` options (see the CLI help for each)."""
+
+    output: Path | None = None
+    mirror: str | None = None
+    ca_cert: Path | None = None
+    pip_index_url: str | None = None
+    network: str | None = None
+    pin_digests: bool = False
+    push: bool = False
+    registry: str | None = None
+    registry_user: str | None = None
+    registry_password: str | None = None
+    smoke: bool = False
+    weights: Path | None = None
+    smoke_gpus: str = "all"
+    compat_dir: Path | None = None
+
+
+@dataclass
+class BuiltImage:
+    """What one recipe's build produced (the ``--json`` object, one per recipe)."""
+
+    recipe: str
+    context: str
+    image_id: str
+    tags: list[str]
+    size_bytes: int
+    duration_s: float
+    steps: int
+    cached_steps: int
+    cached_by_stage: dict[str, list[int]]
+    base_images: dict[str, str]
+    verify: dict[str, Any]
+    smoke: dict[str, Any] | None = None
+    pushed: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_options(options: BuildOptions) -> None:
+    if options.ca_cert is not None and not Path(options.ca_cert).is_file():
+        raise RecipeError(f"{options.ca_cert} is not a file", field="--ca-cert",
+                          fix="give a PEM CA bundle, e.g. /etc/ssl/certs/ca-certificates.crt")
+    if options.pip_index_url is not None and not options.pip_index_url.startswith(
+            ("http://", "https://")):
+        raise RecipeError(f"{options.pip_index_url!r} is not an http(s) URL",
+                          field="--pip-index-url", fix="e.g. https://pypi.example.com/simple")
+    if options.push and not options.registry:
+        raise RecipeError("--push needs a registry", field="--registry",
+                          fix="pass --registry HOST or set IMGFAB_REGISTRY")
+    if options.smoke and options.weights is None:
+        raise RecipeError("--smoke needs the weights to serve", field="--weights",
+                          fix="pass --weights DIR (mounted read-only at the mount path)")
+    if options.network not in (None, "host", "default", "none"):
+        raise RecipeError(f"unsupported build network {options.network!r}", field="--network",
+                          fix="use --network host (to reach an index on 127.0.0.1)")
+
+
+def _pip_conf(index_url: str, directory: Path) -> Path:
+    lines = ["[global]", f"index-url = {index_url}"]
+    for variable, key in sorted(_PIP_ENV_SETTINGS.items()):
+        if os.environ.get(variable):
+            lines.append(f"{key} = {os.environ[variable]}")
+    path = directory / "pip.conf"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
+    """``BUILDER_IMAGE`` / ``RUNTIME_IMAGE`` build args: mirrored, optionally digest-pinned."""
+    refs = {"BUILDER_IMAGE": stack.builder_image, "RUNTIME_IMAGE": stack.runtime_image}
+    if options.mirror:
+        refs = {k: f"{options.mirror.rstrip('/')}/{v}" for k, v in refs.items()}
+    if options.pin_digests:
+        from imgfab import registry  # noqa: PLC0415
+
+        pinned: dict[str, str] = {}
+        for key, ref in refs.items():
+            host = registry.ImageRef.parse(ref).host
+            credentials = registry.Credentials.load(host)
+            pinned[key] = registry.resolve_digest(ref, credentials)
+        refs = pinned
+    return refs
+
+
+def build_recipe(recipe_path: str, options: BuildOptions, *,
+                 on_line: Callable[[str], None] | None = None,
+                 context_dir: Path | None = None) -> BuiltImage:
+    """Build, verify (and optionally smoke-test and push) the image of one recipe."""
+    from imgfab.compat import load_matrix  # noqa: PLC0415
+    from imgfab.recipe import load_recipe  # noqa: PLC0415
+    from imgfab.render import image_tag, render_context, write_context  # noqa: PLC0415
+    from imgfab.resolve import resolve  # noqa: PLC0415
+    from imgfab.verify import policy_for, verify_image  # noqa: PLC0415
+
+    _check_options(options)
+    recipe = load_recipe(recipe_path)
+    matrix = load_matrix(options.compat_dir)
+    stack = resolve(recipe, matrix).stack
+    files = render_context(recipe, stack, matrix)
+    context = write_context(files, context_dir or Path("build") / recipe.name)
+    build_args = base_image_args(stack, options)
+    tag_name = image_tag(recipe, stack)
+    local_ref = f"{recipe.image.repository}:{tag_name}"
+    tags = [local_ref]
+    remote_ref = f"{options.registry.rstrip('/')}/{local_ref}" if options.registry else None
+    if remote_ref:
+        tags.append(remote_ref)
+    with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
+        secrets: dict[str, Path] = {}
+        if options.ca_cert is not None:
+            secrets["ca-cert"] = Path(options.ca_cert)
+        if options.pip_index_url:
+            secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
+        result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
+                              network=options.network, on_line=on_line)
+        policy = policy_for(recipe, stack, matrix, secrets)
+    policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
+    try:
+        report = verify_image(local_ref, policy)
+    except ValidationFailed:
+        for ref in tags:  # a rejected image keeps no name that could be pushed or run
+            engine.remove_image(ref)
+        raise
+    size = int(engine.inspect_image(local_ref).get("Size") or 0)
+    built = BuiltImage(
+        recipe=recipe.name, context=str(context), image_id=result.image_id, tags=tags,
+        size_bytes=size, duration_s=round(result.duration_s, 2), steps=len(result.steps),
+        cached_steps=result.cached_steps,
+        cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
+        base_images=build_args, verify=report.to_dict(), notes=list(report.notes))
+    if options.smoke:
+        built.smoke = _smoke(local_ref, recipe, options)
+        if not built.smoke["passed"]:
+            raise ValidationFailed(
+                f"smoke test of {local_ref} failed: {'; '.join(built.smoke['failures'][:3])}",
+                field="smoke", fix="see the container log (imgfab smoke IMAGE --weights DIR)")
+    if options.push:
+        from imgfab import registry  # noqa: PLC0415
+
+        assert remote_ref is not None and options.registry
+        credentials = registry.Credentials.load(options.registry, options.registry_user,
+                                                options.registry_password)
+        built.pushed = registry.push(local_ref, remote_ref, credentials=credentials,
+                                     on_line=on_line)
+    return built
+
+
+def _base_diff_ids(ref: str) -> tuple[str, ...]:
+    """The runtime base's layer diff ids, from its registry config (for verify's notes)."""
+    from imgfab import registry  # noqa: PLC0415
+
+    host = registry.ImageRef.parse(ref).host
+    config = registry.image_config(ref, registry.Credentials.load(host))
+    return tuple((config.get("rootfs") or {}).get("diff_ids") or ())
+
+
+def _smoke(image: str, recipe: Any, options: BuildOptions) -> dict[str, Any]:
+    from imgfab.smoke import RunSettings, smoke_image  # noqa: PLC0415
+
+    gpus: Any = None if options.smoke_gpus == "none" else options.smoke_gpus
+    settings = RunSettings(gpus=gpus, shm_size=recipe.image.shm_size,
+                           mounts=((str(Path(options.weights).resolve()),
+                                    recipe.model.mount_path, True),),
+                           container_port=recipe.serve.port)
+    report = smoke_image(image, settings)
+    return {"passed": report.passed, "failures": report.failures,
+            "ttft_ms": report.ttft_ms, "tokens_per_s": report.tokens_per_s}
+
+
+class BuildProgress:
+    """Shows a build's BuildKit log: on a terminal a ``rich`` status line (the current step)
+    over the last lines of the log; otherwise (CI, pipes, ``--json``) plain lines on stderr.
+    """
+
+    TAIL = 12
+
+    def __init__(self, title: str, *, rich_ui: bool = True):
+        import sys  # noqa: PLC0415
+
+        self.title = title
+        self.stream = sys.stderr
+        self.rich = rich_ui and self.stream.isatty()
+        self.tail: list[str] = []
+        self.step = "starting"
+        self._live: Any = None
+
+    def __enter__(self) -> BuildProgress:
+        if self.rich:
+            from rich.console import Console  # noqa: PLC0415
+            from rich.live import Live  # noqa: PLC0415
+
+            self._live = Live(self._render(), console=Console(stderr=True),
+                              refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        return self
+
+    def _render(self) -> Any:
+        from rich.console import Group  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        status = Text.assemble(("building ", "bold"), (self.title, "bold cyan"),
+                               f"  {self.step}")
+        return Group(status, *(Text(line, style="dim", overflow="ellipsis", no_wrap=True)
+                               for line in self.tail))
+
+    def line(self, text: str) -> None:
+        if not self.rich:
+            print(text, file=self.stream, flush=True)
+            return
+        if engine._STEP_LINE.match(text):
+            self.step = text.split(" ", 1)[1][:100]
+        self.tail = (self.tail + [text])[-self.TAIL:]
+        self._live.update(self._render())
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)

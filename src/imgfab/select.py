@@ -1,0 +1,121 @@
+"""Pick the right published image for a host: `imgfab select`.
+
+:func:`choose` is pure: published images (tag, digest, labels) × a host (driver, GPU) → the
+newest image whose driver floor, GPU architecture and precision fit, plus a verdict for every
+other image. It applies the same :mod:`imgfab.rules` the resolver and the in-image probe use.
+"Newest" is the highest backend version, then the highest CUDA version, then the tag name:
+the registry API gives no reliable push time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from imgfab.rules import Verdict, check_arch, check_driver, check_precision, parse_version
+
+P = "org.imgfab"
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    """The host as select sees it: driver version and one GPU model's compute capability."""
+
+    driver: str
+    gpu: str
+    compute_capability: str
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published image: its tag, manifest digest and config labels."""
+
+    repository: str  # host/repo
+    tag: str
+    digest: str
+    labels: dict[str, str]
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+
+@dataclass
+class Candidate:
+    image: Published
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.verdicts) and all(v.ok for v in self.verdicts)
+
+    def reason(self) -> str:
+        failed = [v.line() for v in self.verdicts if not v.ok]
+        return "; ".join(failed) if failed else "fits"
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    try:
+        return parse_version(text)
+    except ValueError:
+        return ()
+
+
+def evaluate(image: Published, host: HostGpu) -> Candidate:
+    """Every rule an image must pass on this host, as verdicts (none raises)."""
+    labels = image.labels
+    candidate = Candidate(image)
+    floor = labels.get(f"{P}.driver.floor", "")
+    if not floor or not labels.get(f"{P}.archs"):
+        candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor / archs labels)"))
+        return candidate
+    candidate.verdicts.append(check_driver(
+        host.driver, floor=floor, policy=labels.get(f"{P}.driver.policy", "strict"),
+        cuda=labels.get(f"{P}.cuda", "?"), strict_floor=labels.get(f"{P}.driver.strict_floor") or None,
+        compat_floor=labels.get(f"{P}.driver.compat_floor") or None))
+    archs = [a for a in labels[f"{P}.archs"].split(",") if a]
+    candidate.verdicts.append(check_arch(host.compute_capability, archs,
+                                         exact=labels.get(f"{P}.arch.exact") == "true", gpu=host.gpu))
+    precision = labels.get(f"{P}.precision", "auto")
+    if precision not in ("auto", ""):
+        candidate.verdicts.append(check_precision(
+            precision, host.compute_capability, min_cc=labels.get(f"{P}.precision.min_cc") or None,
+            max_cc=labels.get(f"{P}.precision.max_cc") or None, backend=labels.get(f"{P}.backend", ""),
+            gpu=host.gpu))
+    return candidate
+
+
+def choose(images: list[Published], host: HostGpu, *, model: str | None = None,
+           backend: str | None = None) -> tuple[Candidate | None, list[Candidate]]:
+    """(the newest fitting image or None, every candidate evaluated, newest first).
+
+    ``model`` filters on the recipe name or model id label; ``backend`` on the backend label.
+    """
+    def wanted(image: Published) -> bool:
+        name = image.labels.get(f"{P}.recipe.name", "")
+        if model is not None and not (name.startswith(model) or image.labels.get(f"{P}.model.id") == model):
+            return False
+        return backend is None or image.labels.get(f"{P}.backend") == backend
+
+    selected = [image for image in images if wanted(image)]
+    candidates = [evaluate(image, host) for image in selected]
+    candidates.sort(key=lambda c: (_version_key(c.image.labels.get(f"{P}.backend.version", "")),
+                                   _version_key(c.image.labels.get(f"{P}.cuda", "")), c.image.tag),
+                    reverse=True)
+    best = next((c for c in candidates if c.fits), None)
+    return best, candidates
+
+
+def what_host_needs(candidates: list[Candidate], host: HostGpu) -> str:
+    """The smallest host change that would make some image fit (e.g. 'driver ≥ 570.124.06')."""
+    floors = []
+    for candidate in candidates:
+        failed = {v.check for v in candidate.verdicts if not v.ok}
+        if failed == {"driver"}:
+            floors.append(candidate.image.labels[f"{P}.driver.floor"])
+    if floors:
+        lowest = min(floors, key=_version_key)
+        return f"driver ≥ {lowest}"
+    if candidates:
+        return f"an image built for {host.gpu} (compute capability {host.compute_capability})"
+    return "an image published for this model/backend"
+

@@ -1,0 +1,338 @@
+"""Post-build checks on a built runtime image; each check is a :class:`Finding`.
+
+:func:`verify_image` reads the image through :mod:`imgfab.engine` (``docker inspect`` and a
+streamed ``docker save``, never written to disk) and checks:
+
+- ``user``: the runtime user is set and is not root;
+- ``labels``: every ``org.imgfab.*`` label :func:`imgfab.render.image_labels` writes is
+  present with the rendered value; ``NVIDIA_REQUIRE_CUDA`` is in the environment; a
+  HEALTHCHECK is set;
+- ``weights``: no layer holds a file under the recipe's weights mount path (the empty mount
+  directory itself is expected);
+- ``secrets``: no layer (nor the image config) holds the bytes of a build secret (the CA
+  bundle, the pip configuration);
+- ``tools``: no build-only tool is left in the final filesystem unless the backend declares
+  it as its run-time toolchain (``compat/backends.yaml`` ``runtime_toolchain``); pip/apt
+  caches and the builder's requirements file are never allowed.
+
+A failed check raises :class:`imgfab.errors.ValidationFailed` listing every failure (with
+``raise_on_failure=False`` the :class:`VerifyReport` is returned instead).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import posixpath
+import re
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgfab.errors import ValidationFailed
+
+# Build-only tools by the name a backend declares in `runtime_toolchain`, and the paths
+# (relative, as in a layer tar) that betray them. How obtained: the file lists of the Debian
+# bookworm / Ubuntu 24.04 packages (`dpkg -L gcc-12 g++-12 cmake git make ninja-build
+# libc6-dev python3.11-dev`), the NVIDIA CUDA -devel images (`/usr/local/cuda-X.Y/bin/nvcc`)
+# and the PyPI wheels that ship the same tools as console scripts (cmake, ninja).
+# A declared name allows exactly its own patterns: vLLM declares gcc (the C compiler, not
+# g++), TensorRT-LLM declares nvcc (which brings the CUDA toolkit tree with it).
+TOOL_PATHS: dict[str, tuple[str, ...]] = {
+    "cmake": (r"usr/(local/)?bin/cmake", r"opt/venv/bin/cmake"),
+    "g++": (r"usr/(local/)?bin/(g\+\+|c\+\+)(-[0-9.]+)?", r"usr/bin/x86_64-linux-gnu-g\+\+(-[0-9.]+)?",
+            r"usr/bin/aarch64-linux-gnu-g\+\+(-[0-9.]+)?"),
+    "gcc": (r"usr/(local/)?bin/(gcc|cc)(-[0-9.]+)?", r"usr/bin/x86_64-linux-gnu-gcc(-[0-9.]+)?",
+            r"usr/bin/aarch64-linux-gnu-gcc(-[0-9.]+)?"),
+    "git": (r"usr/(local/)?bin/git",),
+    "libc6-dev": (r"usr/include/stdio\.h",),
+    "make": (r"usr/(local/)?bin/make",),
+    # The OS ninja-build package. A `ninja` console script inside /opt/venv is a Python
+    # dependency of the backend's own wheels (vLLM requires ninja for JIT builds): payload,
+    # not a build leftover, so it is reported as a note, not a failure.
+    "ninja": (r"usr/(local/)?bin/ninja",),
+    "nvcc": (r"usr/local/cuda[^/]*/bin/nvcc", r"usr/bin/nvcc"),
+    "python3-dev": (r"usr/include/python3[0-9.]*/Python\.h",),
+}
+# Never allowed, whatever the backend declares: caches and the builder's own inputs.
+ALWAYS_FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "apt cache": (r"var/cache/apt/archives/[^/]+\.deb",),
+    "pip cache": (r"root/\.cache/pip/.+", r"home/[^/]+/\.cache/pip/.+"),
+    "builder requirements": (r"opt/imgfab/requirements\.txt",),
+}
+NOTE_ONLY: dict[str, tuple[str, ...]] = {"ninja (Python wheel)": (r"opt/venv/bin/ninja",)}
+_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass
+class Finding:
+    """One check's verdict: ``check`` name, ``passed``, and one line of ``detail``."""
+
+    check: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class VerifyPolicy:
+    """What an image built from a recipe must satisfy."""
+
+    mount_path: str
+    required_labels: dict[str, str]
+    declared_toolchain: tuple[str, ...] = ()
+    secrets: dict[str, bytes] = field(default_factory=dict)
+    # The runtime base image's layer diff ids: caches it ships itself (debootstrap leaves its
+    # .debs in /var/cache/apt/archives) are reported as notes, not as failures of this build.
+    base_diff_ids: tuple[str, ...] = ()
+
+
+@dataclass
+class VerifyReport:
+    image: str
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(f.passed for f in self.findings)
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if not f.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image": self.image, "passed": self.passed, "notes": self.notes,
+                "findings": [asdict(f) for f in self.findings]}
+
+
+def policy_for(recipe: Any, stack: Any, matrix: Any,
+               secrets: dict[str, Path] | None = None) -> VerifyPolicy:
+    """The policy for an image built from ``recipe`` resolved to ``stack``; ``secrets`` are
+    the build secret files whose bytes must not appear in any layer."""
+    from imgfab.recipe import recipe_hash  # noqa: PLC0415
+    from imgfab.render import LABEL_PREFIX, image_labels  # noqa: PLC0415
+
+    profile = matrix.profiles[stack.backend]
+    labels = image_labels(recipe, stack, recipe_hash(recipe), profile.weights_required)
+    return VerifyPolicy(
+        mount_path=recipe.model.mount_path,
+        required_labels={k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")},
+        declared_toolchain=tuple(sorted(profile.runtime_toolchain)),
+        secrets={name: Path(path).read_bytes() for name, path in sorted((secrets or {}).items())
+                 if Path(path).is_file() and Path(path).stat().st_size > 0})
+
+
+def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
+                 raise_on_failure: bool = True) -> VerifyReport:
+    """Run every check on image ``ref``. Raises :class:`ValidationFailed` listing the failures
+    (unless ``raise_on_failure`` is False); :class:`imgfab.errors.EngineError` if the engine
+    cannot inspect or save the image."""
+    engine = engine or importlib.import_module("imgfab.engine")
+    report = VerifyReport(image=ref)
+    config = (engine.inspect_image(ref).get("Config") or {})
+    report.findings += _config_findings(config, policy)
+    scan = _scan_layers(engine.save_stream(ref), policy)
+    ours = list((engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or [])
+    scan.base_count = sum(1 for _ in iter_prefix(ours, list(policy.base_diff_ids)))
+    report.findings += scan.findings(policy)
+    report.notes += scan.notes
+    if raise_on_failure and not report.passed:
+        listed = "; ".join(f"{f.check}: {f.detail}" for f in report.failures)
+        raise ValidationFailed(f"image {ref} failed {len(report.failures)} check(s): {listed}",
+                               field="verify",
+                               fix="fix the recipe/templates, or declare a needed run-time "
+                                   "tool in compat/backends.yaml runtime_toolchain")
+    return report
+
+
+def iter_prefix(ours: list[str], base: list[str]) -> Iterator[str]:
+    """The leading layers ``ours`` shares with ``base``."""
+    for mine, theirs in zip(ours, base):
+        if mine != theirs:
+            return
+        yield mine
+
+
+def _config_findings(config: dict[str, Any], policy: VerifyPolicy) -> list[Finding]:
+    findings = []
+    user = (config.get("User") or "").strip()
+    name = user.split(":")[0]
+    findings.append(Finding("user", bool(name) and name not in ("root", "0"),
+                            f"runtime user is {user!r}" if user else "runtime user is unset (root)"))
+    labels = config.get("Labels") or {}
+    missing = sorted(k for k in policy.required_labels if k not in labels)
+    wrong = sorted(k for k, v in policy.required_labels.items()
+                   if k in labels and labels[k] != v)
+    detail = "all present" if not (missing or wrong) else \
+        "; ".join(part for part in (f"missing {', '.join(missing[:8])}" if missing else "",
+                                    f"differ: {', '.join(wrong[:8])}" if wrong else "") if part)
+    findings.append(Finding("labels", not (missing or wrong), detail))
+    env_keys = {entry.partition("=")[0] for entry in config.get("Env") or []}
+    findings.append(Finding("env", "NVIDIA_REQUIRE_CUDA" in env_keys,
+                            "NVIDIA_REQUIRE_CUDA set" if "NVIDIA_REQUIRE_CUDA" in env_keys
+                            else "NVIDIA_REQUIRE_CUDA missing from the environment"))
+    test = ((config.get("Healthcheck") or {}).get("Test")) or []
+    healthy = bool(test) and test[0] != "NONE"
+    findings.append(Finding("healthcheck", healthy,
+                            "HEALTHCHECK set" if healthy else "no HEALTHCHECK"))
+    return findings
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (for tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(target), len(self._buffer))
+        target[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size
+
+
+def _contains(stream: Any, needles: dict[str, bytes]) -> list[str]:
+    """Names of the needles found in ``stream`` (read in chunks, overlapping)."""
+    if not needles:
+        return []
+    overlap = max(len(n) for n in needles.values()) - 1
+    found: set[str] = set()
+    tail = b""
+    while chunk := stream.read(_CHUNK):
+        window = tail + chunk
+        for name, needle in needles.items():
+            if name not in found and needle in window:
+                found.add(name)
+        tail = window[-overlap:] if overlap else b""
+    return sorted(found)
+
+
+@dataclass
+class _LayerScan:
+    weights: list[str] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # layer tar name → [(path, kind)] for the paths the tool catalogue matches, and whiteouts
+    layers: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    base_count: int = 0
+
+    def final_paths(self) -> dict[str, int]:
+        """Catalogue-matched paths in the final filesystem (whiteouts applied) → the index
+        of the layer that last wrote them."""
+        present: dict[str, int] = {}
+        for index, layer in enumerate(self.order or sorted(self.layers)):
+            for path, kind in self.layers.get(layer, []):
+                if kind == "opaque":
+                    present = {p: i for p, i in present.items() if not p.startswith(path + "/")}
+                elif kind == "whiteout":
+                    present = {p: i for p, i in present.items()
+                               if p != path and not p.startswith(path + "/")}
+                else:
+                    present[path] = index
+        return present
+
+    def findings(self, policy: VerifyPolicy) -> list[Finding]:
+        result = [
+            Finding("weights", not self.weights,
+                    f"files under {policy.mount_path}: {', '.join(self.weights[:5])}"
+                    if self.weights else f"nothing under {policy.mount_path}"),
+            Finding("secrets", not self.secrets,
+                    f"build secret bytes found: {', '.join(self.secrets[:5])}"
+                    if self.secrets else f"no bytes of {', '.join(policy.secrets) or 'no secrets'}"),
+        ]
+        present = self.final_paths()
+        forbidden = {name: pats for name, pats in TOOL_PATHS.items()
+                     if name not in policy.declared_toolchain}
+        forbidden.update(ALWAYS_FORBIDDEN)
+        offenders = []
+        for name, patterns in sorted(forbidden.items()):
+            hits = sorted(p for p in present if any(re.fullmatch(pat, p) for pat in patterns))
+            inherited = [p for p in hits if present[p] < self.base_count]
+            if name in ALWAYS_FORBIDDEN and inherited:
+                self.notes.append(f"{name} inherited from the runtime base image "
+                                  f"(/{inherited[0]}, {len(inherited)} file(s)): not this build's")
+                hits = [p for p in hits if p not in inherited]
+            if hits:
+                offenders.append(f"{name} (/{hits[0]})")
+        for name, patterns in NOTE_ONLY.items():
+            hits = sorted(p for p in present if any(re.fullmatch(pat, p) for pat in patterns))
+            if hits:
+                self.notes.append(f"{name} present (/{hits[0]}): a dependency of the payload")
+        declared = ", ".join(policy.declared_toolchain) or "none"
+        result.append(Finding("tools", not offenders,
+                              f"undeclared build-only tools: {', '.join(offenders)} "
+                              f"(declared: {declared})" if offenders
+                              else f"no undeclared build tools (declared: {declared})"))
+        return result
+
+
+_ALL_PATTERNS = re.compile("|".join(f"(?:{p})" for pats in
+                                    (*TOOL_PATHS.values(), *ALWAYS_FORBIDDEN.values(),
+                                     *NOTE_ONLY.values()) for p in pats))
+
+
+def _scan_layers(chunks: Iterable[bytes], policy: VerifyPolicy) -> _LayerScan:
+    """One pass over a ``docker save`` stream: every layer's paths and file bytes."""
+    scan = _LayerScan()
+    mount = policy.mount_path.strip("/")
+    secret_hits: set[str] = set()
+    with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), _CHUNK),
+                      mode="r|") as outer:
+        for member in outer:
+            if not member.isfile():
+                continue
+            stream = outer.extractfile(member)
+            if stream is None:
+                continue
+            if member.name == "manifest.json":
+                manifest = json.loads(stream.read())
+                scan.order = list(manifest[0].get("Layers", [])) if manifest else []
+            elif member.name.endswith("layer.tar"):
+                scan.layers[member.name] = _scan_layer(stream, member.name, mount, policy,
+                                                       scan, secret_hits)
+            else:  # the image config: history and environment
+                for name in _contains(stream, policy.secrets):
+                    secret_hits.add(f"{name} in the image config ({member.name})")
+    scan.secrets = sorted(secret_hits)
+    return scan
+
+
+def _scan_layer(stream: Any, layer: str, mount: str, policy: VerifyPolicy, scan: _LayerScan,
+                secret_hits: set[str]) -> list[tuple[str, str]]:
+    matched: list[tuple[str, str]] = []
+    with tarfile.open(fileobj=stream, mode="r|") as inner:
+        for entry in inner:
+            path = posixpath.normpath(entry.name.removeprefix("./").lstrip("/"))
+            if path == ".":
+                continue
+            base = posixpath.basename(path)
+            directory = posixpath.dirname(path)
+            if base == ".wh..wh..opq":
+                matched.append((directory, "opaque"))
+                continue
+            if base.startswith(".wh."):
+                matched.append((posixpath.join(directory, base[4:]), "whiteout"))
+                continue
+            if mount and path.startswith(mount + "/"):
+                scan.weights.append("/" + path)
+            if _ALL_PATTERNS.fullmatch(path):
+                matched.append((path, "file"))
+            if entry.isfile() and policy.secrets:
+                content = inner.extractfile(entry)
+                if content is not None:
+                    for name in _contains(content, policy.secrets):
+                        secret_hits.add(f"{name} in /{path}")
+    return matched

@@ -1,0 +1,243 @@
+"""`imgfab build` end to end on the local stack, with a light payload and the real Dockerfile.
+
+Fake pure-Python wheels for exactly the pins render writes (tests/fixtures/fake_payload.py) are
+served from a PEP 503 index on 127.0.0.1; builds run `imgfab build --pip-index-url URL
+--network host --mirror $IMGFAB_MIRROR`. The TensorRT-LLM requirements' extra index
+(pypi.nvidia.com) fails fast through pip.conf (IMGFAB_PIP_RETRIES=0, IMGFAB_PIP_TIMEOUT=5).
+
+    source .stack/env && python -m pytest -m integration tests/integration/test_build.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+VLLM = REPO / "recipes" / "qwen2-7b-h100.yaml"
+TRTLLM = REPO / "recipes" / "mistral-7b-a100-trtllm.yaml"
+
+if not os.environ.get("DOCKER_HOST"):
+    if os.environ.get("CI") == "true":
+        pytest.fail("DOCKER_HOST is unset under CI=true: the integration stack is missing "
+                    "(scripts/local-stack.sh up)", pytrace=False)
+    pytest.skip("DOCKER_HOST unset: source .stack/env to run the build integration tests",
+                allow_module_level=True)
+
+DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
+MIRROR = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
+
+
+def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([DOCKER, *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("build")
+    marker = f"IMGFAB-SECRET-MARKER-{secrets.token_hex(16)}"
+    ca = root / "ca.pem"
+    ca.write_bytes(Path(os.environ.get("IMGFAB_CA_CERT", "/etc/ssl/certs/ca-certificates.crt"))
+                   .read_bytes() + f"\n# {marker}\n".encode())
+    return root, ca, marker
+
+
+def _pins(recipe: Path) -> dict[str, str]:
+    from fake_payload import pins_of
+    from imgfab.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.render import render_context
+    from imgfab.resolve import resolve
+
+    parsed = load_recipe(recipe)
+    matrix = load_matrix()
+    files = render_context(parsed, resolve(parsed, matrix).stack, matrix)
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"imgfab-req-{uuid.uuid4().hex}"
+    scratch.write_text(files["requirements.txt"])
+    try:
+        return pins_of(scratch)
+    finally:
+        scratch.unlink()
+
+
+def imgfab_build(recipe: Path, root: Path, ca: Path, *extra: str) -> dict:
+    """Run `imgfab build --json` as a subprocess against a fresh fake index; the JSON object."""
+    from fake_payload import serve_index
+
+    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    index_root = root / f"index-{uuid.uuid4().hex[:8]}"
+    with serve_index(_pins(recipe), index_root) as url:
+        result = subprocess.run(
+            [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json",
+             "--pip-index-url", url, "--network", "host", "--mirror", MIRROR,
+             "--ca-cert", str(ca), "--output", str(root / f"ctx-{recipe.stem}"), *extra],
+            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = json.loads(result.stdout)
+    built["log"] = result.stderr
+    return built
+
+
+@pytest.fixture(scope="module")
+def vllm_image(work):
+    root, ca, _ = work
+    return imgfab_build(VLLM, root, ca)
+
+
+# Found by this build: render installs the declared run-time toolchain names as apt packages,
+# and there is no apt package called "nvcc" (`E: Unable to locate package nvcc`), so the
+# TensorRT-LLM runtime stage cannot build. strict: passing again flags the fix.
+TRTLLM_NVCC_APT = pytest.mark.xfail(
+    strict=True, reason="runtime.j2 apt-installs runtime_toolchain 'nvcc' (no such apt package)")
+
+
+@pytest.fixture(scope="module")
+def trtllm_image(work):
+    root, ca, _ = work
+    return imgfab_build(TRTLLM, root, ca)
+
+
+@pytest.mark.parametrize("which", ["vllm_image",
+                                   pytest.param("trtllm_image", marks=TRTLLM_NVCC_APT)])
+def test_build_passes_verify(which, request):
+    built = request.getfixturevalue(which)
+    assert built["verify"]["passed"], built["verify"]
+    assert {f["check"] for f in built["verify"]["findings"]} >= {
+        "user", "labels", "env", "healthcheck", "weights", "secrets", "tools"}
+    assert all(ref.startswith(MIRROR + "/") for ref in built["base_images"].values())
+    assert built["image_id"].startswith("sha256:") and built["size_bytes"] > 0
+
+
+@pytest.mark.parametrize("which", ["vllm_image",
+                                   pytest.param("trtllm_image", marks=TRTLLM_NVCC_APT)])
+def test_look_inside(which, request, work, tmp_path):
+    root, _ca, marker = work
+    built = request.getfixturevalue(which)
+    ref = built["tags"][0]
+    config = json.loads(_docker("image", "inspect", ref).stdout)[0]["Config"]
+    assert config["User"] and config["User"].split(":")[0] not in ("root", "0")
+    assert config["Labels"]["org.imgfab.recipe.name"] == built["recipe"]
+    assert any(e.startswith("NVIDIA_REQUIRE_CUDA=") for e in config["Env"])
+    assert config["Healthcheck"]["Test"][0] != "NONE"
+    history = _docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", ref).stdout
+    assert marker not in history and "pip.conf" not in history
+    uid = _docker("run", "--rm", "--entrypoint", "id", ref, "-u").stdout.strip()
+    assert uid != "0"
+    tools = _docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
+                    "command -v git cmake make g++ ninja || true").stdout.strip()
+    assert tools == "", tools
+    # Every layer of `docker save`: no weights under the mount path, no secret marker.
+    saved = tmp_path / "image.tar"
+    _docker("save", "-o", str(saved), ref)
+    mount = config["Labels"]["org.imgfab.model.mount"].strip("/")
+    with tarfile.open(saved) as outer:
+        for member in outer:
+            data = outer.extractfile(member) if member.isfile() else None
+            if data is None:
+                continue
+            if member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=data) as layer:
+                    for entry in layer:
+                        name = entry.name.removeprefix("./")
+                        assert not name.startswith(mount + "/"), f"weights file {name}"
+                        if entry.isfile():
+                            assert marker.encode() not in layer.extractfile(entry).read(), name
+            else:
+                assert marker.encode() not in data.read(), member.name
+
+
+def test_vllm_serves_and_smokes(vllm_image, tmp_path):
+    from imgfab.smoke import free_port, run_smoke
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}\n')
+    (weights / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    weights.chmod(0o755)
+    port = free_port()
+    name = f"imgfab-test-{uuid.uuid4().hex[:8]}"
+    mount = "/models/qwen2-7b"
+    # The probe checks /dev/shm against the recipe's shm_size (run.sh's --shm-size). run.sh's
+    # --ulimit memlock=-1 is left out: this sandboxed engine may not raise RLIMIT_MEMLOCK.
+    _docker("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", "--shm-size", "16g",
+            "--mount", f"type=bind,source={weights},target={mount},readonly",
+            vllm_image["tags"][0])
+    try:
+        report = run_smoke(f"http://127.0.0.1:{port}", health_timeout_s=90, poll_interval_s=0.5)
+        logs = _docker("logs", name, check=False)
+        assert report.passed, (report.failures, logs.stdout[-2000:], logs.stderr[-2000:])
+        # No GPU here: the probe says it cannot check (exit 5) and serving goes on.
+        assert "exit 5" in logs.stderr + logs.stdout
+    finally:
+        _docker("rm", "-f", name, check=False)
+
+
+def test_serving_change_rebuilds_no_builder_step(vllm_image, work, tmp_path):
+    root, ca, _ = work
+    text = VLLM.read_text().replace("port: 8000", "port: 8011")
+    assert text != VLLM.read_text()
+    recipe = tmp_path / VLLM.name
+    recipe.write_text(text)
+    started = time.monotonic()
+    rebuilt = imgfab_build(recipe, root, ca)
+    elapsed = time.monotonic() - started
+    from imgfab.engine import BuildLogParser
+
+    parser = BuildLogParser()
+    for line in rebuilt["log"].splitlines():
+        parser.feed(line)
+    builder = [s for s in parser.steps.values() if s.stage == "builder"]
+    assert builder, "no builder steps in the log"
+    # FROM is resolved, not run: BuildKit reports it DONE; every step that runs is CACHED.
+    uncached = [f"{s.index}/{s.total} {s.instruction}" for s in builder
+                if not s.cached and not s.instruction.startswith("FROM")]
+    assert not uncached, uncached
+    assert rebuilt["image_id"] != vllm_image["image_id"]
+    assert elapsed < 120
+
+
+def test_verify_rejects_root_and_git(tmp_path):
+    from imgfab import engine
+    from imgfab.errors import ValidationFailed
+    from imgfab.verify import VerifyPolicy, verify_image
+
+    stand_in = f"{MIRROR}/nvidia/cuda:12.8.1-base-ubuntu24.04"
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {stand_in}\n"
+        "RUN apt-get update && apt-get install -y --no-install-recommends git "
+        "&& rm -rf /var/lib/apt/lists/*\n")
+    ref = f"imgfab-test/verify-negative:{uuid.uuid4().hex[:8]}"
+    engine.build(tmp_path, tags=[ref], network="host")
+    try:
+        policy = VerifyPolicy(mount_path="/models/x", required_labels={"org.imgfab.version": "x"})
+        with pytest.raises(ValidationFailed) as failed:
+            verify_image(ref, policy)
+        message = failed.value.one_line()
+        assert "user" in message and "git" in message and "healthcheck" in message
+        report = verify_image(ref, policy, raise_on_failure=False)
+        assert {f.check for f in report.failures} >= {"user", "labels", "env", "healthcheck",
+                                                      "tools"}
+    finally:
+        engine.remove_image(ref, force=True)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "imgfab.cli", "build", str(VLLM),
+                             "--ca-cert", str(tmp_path / "missing.pem")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--ca-cert" in result.stderr
+    assert shutil.which(DOCKER) or Path(DOCKER).exists()

@@ -1,0 +1,167 @@
+"""Build the TensorRT engine recipe's builder stage on the local engine, up to where a GPU is needed.
+
+A fake ``tensorrt-llm`` (plus ``tensorrt`` and ``torch``) wheel is served from a PEP 503 index on
+127.0.0.1; the requirements' ``--extra-index-url https://pypi.nvidia.com`` fails fast (pip.conf:
+retries 0, timeout 3). The builder image is then run WITHOUT a GPU: the compile step prints exactly
+the checked argv and refuses cleanly (exit 5). Weights and calibration prompts are never in a layer.
+
+Run with the local stack: ``source .stack/env && python -m pytest -m integration tests/integration``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import os
+import subprocess
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from imgfab import trtllm
+from imgfab.recipe import load_recipe
+from imgfab.render import render_context, write_context
+from imgfab.resolve import resolve
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "llama3.1-8b-h100-fp8-engine.yaml"
+DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
+# Stand-in base: the mirror has no 13.1.1 image; the builder stage needs only apt and python3.
+STAND_IN = "nvidia/cuda:13.0.0-devel-ubuntu24.04"
+
+if not os.environ.get("DOCKER_HOST"):
+    if os.environ.get("CI") == "true":
+        pytest.fail("DOCKER_HOST is unset under CI=true: the integration stack is missing",
+                    pytrace=False)
+    pytest.skip("DOCKER_HOST unset: source .stack/env to run the integration tests",
+                allow_module_level=True)
+
+
+def _wheel(directory: Path, name: str, version: str, files: dict[str, str],
+           scripts: dict[str, str] | None = None) -> None:
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: imgfab-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    if scripts:
+        meta[f"{dist}.dist-info/entry_points.txt"] = "[console_scripts]\n" + "".join(
+            f"{k} = {v}\n" for k, v in scripts.items())
+    contents = {**files, **meta}
+    record = []
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, text in sorted(contents.items()):
+            data = text.encode()
+            archive.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{path},sha256={digest},{len(data)}")
+        record.append(f"{dist}.dist-info/RECORD,,")
+        archive.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    project = directory / name
+    project.mkdir(parents=True, exist_ok=True)
+    filename = f"{dist}-py3-none-any.whl"
+    (project / filename).write_bytes(buffer.getvalue())
+    (project / "index.html").write_text(f'<a href="{filename}">{filename}</a>\n')
+
+
+FAKE_CLI = '''import sys
+def main():
+    print("fake " + sys.argv[0].rsplit("/", 1)[-1] + " " + " ".join(sys.argv[1:]))
+'''
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("index") / "simple"
+    _wheel(root, "tensorrt-llm", "1.2.1",
+           {"tensorrt_llm/__init__.py": '__version__ = "1.2.1"\n',
+            "tensorrt_llm/quantization/__init__.py": "def quantize_and_export(**kw):\n    raise SystemExit('fake')\n",
+            "tensorrt_llm/commands/__init__.py": "", "tensorrt_llm/commands/fake.py": FAKE_CLI},
+           {s: "tensorrt_llm.commands.fake:main" for s in ("trtllm-build", "trtllm-refit", "trtllm-serve")})
+    _wheel(root, "tensorrt", "10.14.1.48.post1", {"tensorrt/__init__.py": '__version__ = "10.14.1.48.post1"\n'})
+    _wheel(root, "torch", "2.9.1", {"torch/__init__.py": '__version__ = "2.9.1"\n'})
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(root.parent), **k)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+
+
+def _docker(*args, timeout=900, check=True):
+    result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args[:2])} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def builder(index, tmp_path_factory, matrix):
+    recipe = load_recipe(RECIPE)
+    stack = resolve(recipe, matrix).stack
+    work = tmp_path_factory.mktemp("ctx")
+    context = write_context(render_context(recipe, stack, matrix), work / "ctx")
+    pip_conf = work / "pip.conf"
+    pip_conf.write_text(f"[global]\nindex-url = {index}\ntimeout = 3\nretries = 0\n")
+    mirror = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
+    tag = "imgfab-test/trtllm-builder:latest"
+    env = dict(os.environ, DOCKER_BUILDKIT="1")
+    result = subprocess.run(
+        [DOCKER, "build", "--target", "builder", "--network", "host", "--progress", "plain",
+         "--build-arg", f"BUILDER_IMAGE={mirror}/{STAND_IN}", "--secret", f"id=pip-conf,src={pip_conf}",
+         "-t", tag, str(context)], capture_output=True, text=True, timeout=1500, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    yield recipe, stack, tag, result.stderr
+    _docker("rmi", "-f", tag, check=False)
+
+
+def test_compile_command_is_the_checked_argv(builder):
+    recipe, stack, tag, _ = builder
+    plan = trtllm.engine_plan(recipe, stack)
+    out = _docker("run", "--rm", tag, "/opt/imgfab/bin/imgfab-compile", "two-phase", "--print")
+    assert out.stdout.splitlines() == [" ".join(plan.checkpoint_argv), " ".join(plan.build_argv)]
+    inspect = _docker("inspect", "--format", "{{json .Config.Cmd}}", tag).stdout.strip()
+    assert inspect == '["/opt/imgfab/bin/imgfab-compile","two-phase"]'
+
+
+def test_compile_fails_cleanly_without_gpu(builder):
+    _, _, tag, _ = builder
+    out = _docker("run", "--rm", tag, check=False)  # the default CMD: imgfab-compile two-phase
+    assert out.returncode == 5, out.stdout + out.stderr
+    assert "no GPU visible" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_installed_commands_resolve(builder):
+    _, _, tag, _ = builder
+    out = _docker("run", "--rm", tag, "bash", "-c", "command -v trtllm-build trtllm-refit python3")
+    assert "/opt/venv/bin/trtllm-build" in out.stdout
+
+
+def test_no_weights_or_prompts_in_any_layer(builder, tmp_path):
+    _, _, tag, _ = builder
+    archive = tmp_path / "image.tar"
+    _docker("save", "-o", str(archive), tag)
+    prompt = (REPO / "recipes" / "calibration" / "chat-prompts.txt").read_text().splitlines()[0].encode()
+    with tarfile.open(archive) as outer:
+        for member in outer.getmembers():
+            if not member.name.endswith("layer.tar"):
+                continue
+            with tarfile.open(fileobj=outer.extractfile(member)) as layer:
+                for entry in layer.getmembers():
+                    assert not entry.name.endswith((".safetensors", ".bin", "train.txt")), entry.name
+                    if entry.isfile() and entry.size < 1 << 20:
+                        assert prompt not in layer.extractfile(entry).read(), entry.name
+    history = _docker("history", "--no-trunc", tag).stdout
+    assert "pip.conf" not in history and "chat-prompts" not in history
