@@ -18,6 +18,7 @@ Errors are the typed ones of :mod:`imgfab.errors`: bad options are :class:`Recip
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -153,6 +154,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
             secrets["ca-cert"] = Path(options.ca_cert)
         if options.pip_index_url:
             secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
+            build_args["IMGFAB_PIP_SOURCE"] = hashlib.sha256(
+                secrets["pip-conf"].read_bytes()).hexdigest()[:16]
         result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
                               network=options.network, on_line=on_line)
         policy = policy_for(recipe, stack, matrix, secrets)
@@ -169,7 +172,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         size_bytes=size, duration_s=round(result.duration_s, 2), steps=len(result.steps),
         cached_steps=result.cached_steps,
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
-        base_images=build_args, verify=report.to_dict(), notes=list(report.notes))
+        base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes))
     if options.smoke:
         built.smoke = _smoke(local_ref, recipe, options)
         if not built.smoke["passed"]:

@@ -215,7 +215,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     repository = recipe.image.repository
     image_ref = f"{repository}:{tag}"
     commands = serve_commands(recipe, stack)
-    runtime_packages = sorted(set(profile.runtime_packages) | set(profile.runtime_toolchain))
+    runtime_packages = sorted(profile.runtime_packages)
     context: dict[str, Any] = {
         "imgfab_version": __version__,
         "recipe": recipe.model_dump(mode="json"),
