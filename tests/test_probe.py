@@ -282,3 +282,11 @@ def test_torch_cuda_runner_on_cpu():
     torch = pytest.importorskip("torch", reason="torch not installed: TorchCuda runs in "
                                                 "tests/gpu on the GPU machine")
     assert probe.TorchCuda(torch).matmul_error("cpu") == 0.0
+
+
+def test_unknown_kernel_archs_are_skipped_not_passed(write_labels):
+    # A TensorRT-LLM release whose kernel list the matrix could not confirm has an empty label.
+    report = run(write_labels({"archs": ""}))
+    assert report.exit_code == 0, report.lines()
+    assert lines_of(report, "arch") == [
+        "SKIP arch: the image's kernel architectures are unknown (unconfirmed matrix row): not checked"]

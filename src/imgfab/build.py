@@ -53,6 +53,8 @@ class BuildOptions:
     weights: Path | None = None
     smoke_gpus: str = "all"
     compat_dir: Path | None = None
+    compile: str = "auto"  # TensorRT engine path: auto | two-phase | at-start
+    engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
 
 
 @dataclass
@@ -108,6 +110,46 @@ def _pip_conf(index_url: str, directory: Path) -> Path:
     return path
 
 
+def _compile_strategy(stack: Any, options: BuildOptions,
+                      on_line: Callable[[str], None] | None) -> str | None:
+    """For the TensorRT engine path: how the engine gets compiled (None for other paths)."""
+    if stack.backend_path != "engine":
+        if options.compile != "auto":
+            raise RecipeError(f"{options.compile} applies to the TensorRT engine path only",
+                              field="--engine-at-start/--compile",
+                              fix="drop it, or set backend.trtllm_path: engine")
+        return None
+    from imgfab.trtllm import EngineCaps, choose_compile_strategy  # noqa: PLC0415
+
+    caps = EngineCaps() if options.compile == "at-start" else EngineCaps(*engine.compile_caps())
+    strategy, reason = choose_compile_strategy(caps, options.compile)
+    if on_line:
+        on_line(f"imgfab: engine compile strategy {strategy}: {reason}")
+    return strategy
+
+
+def _compile_two_phase(recipe_path: str, recipe: Any, stack: Any, context: Path, options: BuildOptions,
+                       build_args: dict[str, str], secrets: dict[str, Path],
+                       on_line: Callable[[str], None] | None) -> None:
+    """Compile the weight-stripped engine on the engine's GPU and place it in the context."""
+    from imgfab.trtllm import two_phase  # noqa: PLC0415
+
+    if options.weights is None:
+        raise RecipeError("compiling a TensorRT engine needs the weights", field="--weights",
+                          fix="pass --weights DIR (bind-mounted read-only, never copied)")
+    calibration = None
+    if recipe.engine.calibration is not None:
+        calibration = Path(recipe_path).resolve().parent / recipe.engine.calibration.prompts
+    out = options.engine_out or Path("build") / f"{recipe.name}-compile"
+    result = two_phase(context, recipe, stack, engine=engine, weights_dir=Path(options.weights),
+                       calibration_file=calibration, out_dir=out, build_args=build_args,
+                       secrets={k: str(v) for k, v in secrets.items()}, network=options.network,
+                       on_line=on_line)
+    if on_line:
+        on_line(f"imgfab: engine compiled; copy its checkpoint {result.checkpoint_dir} next to the "
+                f"weights as {result.runtime_checkpoint} for the refit at start")
+
+
 def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
     """``BUILDER_IMAGE`` / ``RUNTIME_IMAGE`` build args: mirrored, optionally digest-pinned."""
     refs = {"BUILDER_IMAGE": stack.builder_image, "RUNTIME_IMAGE": stack.runtime_image}
@@ -139,7 +181,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     recipe = load_recipe(recipe_path)
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
-    files = render_context(recipe, stack, matrix)
+    strategy = _compile_strategy(stack, options, on_line)
+    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase")
     context = write_context(files, context_dir or Path("build") / recipe.name)
     build_args = base_image_args(stack, options)
     tag_name = image_tag(recipe, stack)
@@ -156,6 +199,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
             secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
             build_args["IMGFAB_PIP_SOURCE"] = hashlib.sha256(
                 secrets["pip-conf"].read_bytes()).hexdigest()[:16]
+        if strategy == "two-phase":
+            _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
         result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
                               network=options.network, on_line=on_line)
         policy = policy_for(recipe, stack, matrix, secrets)

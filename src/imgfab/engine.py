@@ -465,3 +465,28 @@ def remove_image(ref: str, *, force: bool = False) -> None:
     _sdk_image_call(f"remove image {ref}", remove)
 
 # --- end of images ----------------------------------------------------------------------------
+
+
+# --- engine facts ------------------------------------------------------------------------------
+
+def docker_info() -> dict[str, Any]:
+    """``docker info`` as a dict (ServerVersion, Runtimes, CgroupDriver, ...)."""
+    from docker.errors import DockerException  # noqa: PLC0415
+
+    try:
+        return _client().info()
+    except DockerException as exc:
+        raise EngineError(f"Docker engine not reachable: {_one_line(exc)}", field="engine",
+                          fix="start dockerd or set DOCKER_HOST (scripts/local-stack.sh up)") from None
+
+
+def compile_caps() -> tuple[bool, bool]:
+    """``(buildkit_device, gpu_visible)`` for compiling a TensorRT engine on this engine.
+
+    ``RUN --device`` needs a Dockerfile frontend newer than the one built into Docker 20.10
+    (and a ``# syntax=`` pull), so imgfab never claims it. A GPU is usable by ``docker run
+    --gpus`` when the engine has the nvidia runtime or CDI spec directories configured.
+    """
+    info = docker_info()
+    gpu_visible = "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs"))
+    return False, gpu_visible

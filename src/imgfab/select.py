@@ -65,16 +65,20 @@ def evaluate(image: Published, host: HostGpu) -> Candidate:
     labels = image.labels
     candidate = Candidate(image)
     floor = labels.get(f"{P}.driver.floor", "")
-    if not floor or not labels.get(f"{P}.archs"):
-        candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor / archs labels)"))
+    if not floor:
+        candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor label)"))
         return candidate
     candidate.verdicts.append(check_driver(
         host.driver, floor=floor, policy=labels.get(f"{P}.driver.policy", "strict"),
         cuda=labels.get(f"{P}.cuda", "?"), strict_floor=labels.get(f"{P}.driver.strict_floor") or None,
         compat_floor=labels.get(f"{P}.driver.compat_floor") or None))
-    archs = [a for a in labels[f"{P}.archs"].split(",") if a]
-    candidate.verdicts.append(check_arch(host.compute_capability, archs,
-                                         exact=labels.get(f"{P}.arch.exact") == "true", gpu=host.gpu))
+    archs = [a for a in labels.get(f"{P}.archs", "").split(",") if a]
+    if archs:
+        candidate.verdicts.append(check_arch(host.compute_capability, archs,
+                                             exact=labels.get(f"{P}.arch.exact") == "true", gpu=host.gpu))
+    else:  # the matrix row had no confirmed kernel list: nothing to check, and it says so
+        candidate.verdicts.append(Verdict(True, "arch", "kernel architectures unknown (unconfirmed "
+                                          "matrix row): not checked"))
     precision = labels.get(f"{P}.precision", "auto")
     if precision not in ("auto", ""):
         candidate.verdicts.append(check_precision(

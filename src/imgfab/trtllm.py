@@ -166,14 +166,14 @@ def choose_compile_strategy(caps: EngineCaps, requested: str = "auto") -> tuple[
     if requested == "at-start":
         return "at-start", "--engine-at-start: the engine is compiled on first start into the cache volume"
     if requested not in ("auto", "buildkit-device", "two-phase"):
-        raise RecipeError(f"unknown compile strategy {requested!r}", field="--compile",
+        raise RecipeError(f"unknown compile strategy {requested!r}", field="--engine-at-start",
                           fix="one of: auto, " + ", ".join(STRATEGIES))
     if caps.buildkit_device and requested in ("auto", "buildkit-device"):
         return "buildkit-device", "BuildKit supports RUN --device: compiling inside the builder stage"
     if requested == "buildkit-device":
         raise CompatibilityError(
             "the Docker engine is incompatible with buildkit-device: its BuildKit has no "
-            "RUN --device (CDI)", field="--compile",
+            "RUN --device (CDI)", field="--engine-at-start",
             fix="let imgfab choose (two-phase needs `docker run --gpus`), or --engine-at-start")
     if caps.gpu_visible:
         return "two-phase", ("no RUN --device in this BuildKit; a GPU is visible to the engine: "
@@ -181,7 +181,7 @@ def choose_compile_strategy(caps: EngineCaps, requested: str = "auto") -> tuple[
     raise CompatibilityError(
         "the Docker engine is incompatible with compiling a TensorRT engine at build time: "
         "no RUN --device in its BuildKit and no GPU visible to `docker run --gpus`",
-        field="--compile", fix="build on a GPU host, or pass --engine-at-start")
+        field="--engine-at-start", fix="build on a GPU host, or pass --engine-at-start")
 
 
 def _checkpoint_argv(recipe: Recipe, stack: Stack, out: str) -> list[str]:
@@ -218,7 +218,7 @@ def engine_plan(recipe: Recipe, stack: Stack, *, strategy: str = "two-phase",
     if stack.backend != "tensorrt-llm" or stack.backend_path != "engine":
         raise RecipeError("engine_plan is for backend.trtllm_path: engine", field="backend.trtllm_path")
     if strategy not in STRATEGIES:
-        raise RecipeError(f"unknown compile strategy {strategy!r}", field="--compile",
+        raise RecipeError(f"unknown compile strategy {strategy!r}", field="--engine-at-start",
                           fix="one of: " + ", ".join(STRATEGIES))
     flags = flag_table(stack, directory)
     digest = recipe_hash(recipe)

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 VLLM = REPO / "recipes" / "qwen2-7b-h100.yaml"
 TRTLLM = REPO / "recipes" / "mistral-7b-a100-trtllm.yaml"
+ENGINE = REPO / "recipes" / "llama3.1-8b-h100-fp8-engine.yaml"
 
 if not os.environ.get("DOCKER_HOST"):
     if os.environ.get("CI") == "true":
@@ -121,8 +122,37 @@ def trtllm_image(work):
     return imgfab_build(TRTLLM, root, ca)
 
 
-@pytest.mark.parametrize("which", ["vllm_image",
-                                   "trtllm_image"])
+@pytest.fixture(scope="module")
+def trtllm_engine_image(work):
+    """The TensorRT engine path built for compile-at-start (this engine has no GPU)."""
+    root, ca, _ = work
+    return imgfab_build(ENGINE, root, ca, "--engine-at-start")
+
+
+def test_engine_path_without_gpu_is_refused_with_the_fix(work):
+    root, ca, _ = work
+    result = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "build", str(ENGINE), "--mirror", MIRROR,
+         "--output", str(root / "ctx-refused")], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "--engine-at-start" in result.stderr
+    assert not (root / "ctx-refused").exists(), "nothing rendered for a refused build"
+
+
+def test_engine_at_start_image_carries_no_engine(trtllm_engine_image):
+    ref = trtllm_engine_image["tags"][0]
+    labels = json.loads(_docker("image", "inspect", ref).stdout)[0]["Config"]["Labels"]
+    assert labels["org.imgfab.engine.strategy"] == "at-start"
+    assert labels["org.imgfab.arch.exact"] == "true" and labels["org.imgfab.archs"] == "9.0"
+    listing = _docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
+                      "ls /opt/imgfab/engine 2>/dev/null | wc -l").stdout.strip()
+    assert listing == "0"
+    printed = _docker("run", "--rm", "--entrypoint", "imgfab-compile", ref, "at-start", "--print",
+                      check=False)
+    assert "trtllm-build" in printed.stdout, printed.stdout + printed.stderr
+
+
+@pytest.mark.parametrize("which", ["vllm_image", "trtllm_image", "trtllm_engine_image"])
 def test_build_passes_verify(which, request):
     built = request.getfixturevalue(which)
     assert built["verify"]["passed"], built["verify"]
@@ -132,8 +162,7 @@ def test_build_passes_verify(which, request):
     assert built["image_id"].startswith("sha256:") and built["size_bytes"] > 0
 
 
-@pytest.mark.parametrize("which", ["vllm_image",
-                                   "trtllm_image"])
+@pytest.mark.parametrize("which", ["vllm_image", "trtllm_image", "trtllm_engine_image"])
 def test_look_inside(which, request, work, tmp_path):
     root, _ca, marker = work
     built = request.getfixturevalue(which)
@@ -252,3 +281,50 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--ca-cert" in result.stderr
     assert shutil.which(DOCKER) or Path(DOCKER).exists()
+
+
+REGISTRY = os.environ.get("IMGFAB_REGISTRY", "127.0.0.1:5000")
+
+
+def _select(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "imgfab.cli", "select", *args],
+                          capture_output=True, text=True)
+
+
+def test_build_push_then_select_for_a_host_table(vllm_image, trtllm_image, trtllm_engine_image, work):
+    """`imgfab build --push` to the real registry, then `imgfab select` over a fleet repository
+    holding images built by `imgfab build` for different CUDA floors, GPU archs and backends."""
+    from imgfab import registry
+
+    root, ca, _ = work
+    pushed = imgfab_build(VLLM, root, ca, "--push", "--registry", REGISTRY)
+    assert pushed["pushed"].startswith(f"{REGISTRY}/llm/qwen2-7b@sha256:")
+    credentials = registry.Credentials.load(REGISTRY)
+    assert registry.resolve_digest(pushed["tags"][1], credentials).endswith(pushed["pushed"].split("@")[1])
+
+    fleet = f"{REGISTRY}/imgfab-test/fleet-{uuid.uuid4().hex[:8]}"
+    digests = {name: registry.push(built["tags"][0], f"{fleet}:{name}", credentials=credentials)
+               for name, built in (("vllm-cu12-sm90-fp8", vllm_image), ("trtllm-pytorch", trtllm_image),
+                                   ("trtllm-engine-sm90", trtllm_engine_image))}
+    table = [
+        # (driver, gpu, extra args, expected tag or None)
+        ("535.104.05", "H100", ["--backend", "vllm"], "vllm-cu12-sm90-fp8"),
+        ("580.65.06", "A100-80GB", [], "trtllm-pytorch"),
+        ("580.65.06", "H100", ["--model", "llama3.1-8b-h100-fp8-engine"], "trtllm-engine-sm90"),
+        ("580.65.06", "L40S", ["--model", "llama3.1-8b-h100-fp8-engine"], None),  # engine is sm_90 only
+        ("470.57.02", "H100", [], None),  # too old a driver for every image
+    ]
+    for driver, gpu, extra, expected in table:
+        result = _select("--registry", fleet, "--driver", driver, "--gpu", gpu, *extra)
+        if expected is None:
+            assert result.returncode == 1, (driver, gpu, result.stdout, result.stderr)
+            assert result.stderr.count("\n") == 1 and "would need" in result.stderr
+        else:
+            assert result.returncode == 0, (driver, gpu, result.stderr)
+            digest = digests[expected].split("@")[1]
+            assert result.stdout.strip() == f"{fleet}@{digest}", (driver, gpu, result.stdout)
+    explained = _select("--registry", fleet, "--driver", "580.65.06", "--gpu", "L40S", "--explain")
+    assert explained.stdout.count("\n") >= 3 and "sm_90" in explained.stdout
+
+    down = _select("--registry", "127.0.0.1:5999/x", "--driver", "580.65.06", "--gpu", "H100")
+    assert down.returncode == 1 and down.stderr.count("\n") == 1, down.stderr
