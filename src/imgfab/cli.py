@@ -223,8 +223,10 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
               help="Host directory with the weights, mounted read-only at the image's mount path.")
 @click.option("--gpus", default="all", show_default=True, help="GPUs for the container ('none' for none).")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health.")
+@click.option("--no-memlock", is_flag=True,
+              help="Keep the engine's memlock ulimit (for engines that cannot raise it, e.g. nested in a container).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for CI).")
-def smoke(image: str, weights: str, gpus: str, timeout_s: float, as_json: bool) -> None:
+def smoke(image: str, weights: str, gpus: str, timeout_s: float, no_memlock: bool, as_json: bool) -> None:
     """Start IMAGE with its recipe's run settings, wait for health, ask for completions, report."""
     from imgfab import engine
     from imgfab.smoke import RunSettings, smoke_image
@@ -232,8 +234,10 @@ def smoke(image: str, weights: str, gpus: str, timeout_s: float, as_json: bool) 
     labels = (engine.inspect_image(image).get("Config") or {}).get("Labels") or {}
     if "org.imgfab.model.mount" not in labels:
         raise RecipeError(f"{image} has no org.imgfab labels", field="IMAGE", fix="smoke an image built by imgfab")
+    ulimits = {"stack": 67108864} if no_memlock else {"memlock": -1, "stack": 67108864}
     settings = RunSettings(
         gpus=None if gpus == "none" else gpus, shm_size=int(labels["org.imgfab.shm.min_bytes"]),
+        ulimits=ulimits,
         mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True),),
         container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s)
     report = smoke_image(image, settings, engine)
@@ -353,8 +357,11 @@ def compat_refresh(compat_dir: str) -> None:
     """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata."""
     from imgfab.refresh import refresh
 
-    for line in refresh(Path(compat_dir)):
+    changes = refresh(Path(compat_dir))
+    for line in changes:
         click.echo(line)
+    if not changes:
+        click.echo(f"{compat_dir}: already matches PyPI's metadata; nothing changed")
 
 
 @cli.command()

@@ -328,3 +328,29 @@ def test_build_push_then_select_for_a_host_table(vllm_image, trtllm_image, trtll
 
     down = _select("--registry", "127.0.0.1:5999/x", "--driver", "580.65.06", "--gpu", "H100")
     assert down.returncode == 1 and down.stderr.count("\n") == 1, down.stderr
+
+
+def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
+    """`imgfab smoke` drives the real container (no GPU here: the probe exits 5 and serving
+    starts); `imgfab doctor --image` reads the pushed image's labels without pulling layers."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    (weights / "model.safetensors").write_bytes(b"\0" * 64)
+    result = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "smoke", vllm_image["tags"][0], "--weights", str(weights),
+         "--gpus", "none", "--no-memlock", "--timeout", "120", "--json"],
+        capture_output=True, text=True, timeout=300)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["passed"], (report.get("failures"), result.stderr[-2000:])
+    assert report["answers"] and all(a.strip() for a in report["answers"])
+    assert report["ttft_ms"] is not None and report["tokens_per_s"] is not None
+
+    pushed = [t for t in vllm_image["tags"] if t.startswith(REGISTRY + "/")]
+    assert pushed, vllm_image["tags"]
+    subprocess.run([DOCKER, "push", pushed[0]], capture_output=True, check=True)
+    doctor = subprocess.run([sys.executable, "-m", "imgfab.cli", "doctor", "--image", pushed[0]],
+                            capture_output=True, text=True)
+    assert doctor.returncode in (0, 1), doctor.stderr
+    assert "no NVIDIA GPU" in doctor.stdout and "[ok] docker" in doctor.stdout
+    assert "image" in doctor.stdout and "cannot be checked" in doctor.stdout
