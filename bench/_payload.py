@@ -55,6 +55,32 @@ def options_for(payload: str, recipe: Path) -> Iterator:
             yield BuildOptions(pip_index_url=url, **base)
 
 
+def bench_recipe(recipe: Path, directory: Path, repository: str | None, text: str | None = None) -> Path:
+    """A copy of ``recipe`` (or of ``text``) in ``directory`` whose ``image.repository`` is
+    ``repository``, so a bench build never moves the tag an operator's or a test's image has
+    (the repository is in no layer above the serving layers: the measured builds are the same).
+    ``repository=None`` keeps the recipe's own."""
+    import re
+
+    text = recipe.read_text() if text is None else text
+    if repository:
+        text, count = re.subn(r"(?m)^(\s+repository:\s*)\S+", lambda m: m.group(1) + repository,
+                              text, count=1)
+        assert count == 1, f"no image.repository in {recipe}"
+    copy = directory / recipe.name
+    copy.write_text(text)
+    return copy
+
+
+def free_bytes() -> int:
+    """Free bytes on the engine's data disk (this stack's dockerd is local)."""
+    import json
+    import shutil
+
+    root = json.loads(docker("info", "--format", "{{json .DockerRootDir}}"))
+    return shutil.disk_usage(root).free
+
+
 def prune_build_cache() -> None:
     """Empties the engine's whole BuildKit cache (every project's): a cold build."""
     docker("builder", "prune", "-af")

@@ -52,6 +52,7 @@ class BuildOptions:
     smoke: bool = False
     weights: Path | None = None
     smoke_gpus: str = "all"
+    smoke_memlock: bool = True  # False keeps the engine's memlock ulimit (nested engines)
     compat_dir: Path | None = None
     compile: str = "auto"  # TensorRT engine path: auto | two-phase | at-start
     engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
@@ -248,7 +249,8 @@ def _smoke(image: str, recipe: Any, options: BuildOptions) -> dict[str, Any]:
     from imgfab.smoke import RunSettings, smoke_image  # noqa: PLC0415
 
     gpus: Any = None if options.smoke_gpus == "none" else options.smoke_gpus
-    settings = RunSettings(gpus=gpus, shm_size=recipe.image.shm_size,
+    ulimits = {"memlock": -1, "stack": 67108864} if options.smoke_memlock else {"stack": 67108864}
+    settings = RunSettings(gpus=gpus, shm_size=recipe.image.shm_size, ulimits=ulimits,
                            mounts=((str(Path(options.weights).resolve()),
                                     recipe.model.mount_path, True),),
                            container_port=recipe.serve.port)

@@ -297,6 +297,8 @@ def doctor(image: str | None, as_json: bool) -> None:
 @click.option("--weights", type=click.Path(file_okay=False, exists=True),
               help="Weights directory for --smoke.")
 @click.option("--smoke-gpus", default="all", show_default=True, help="GPUs for --smoke ('none' for none).")
+@click.option("--no-memlock", is_flag=True,
+              help="--smoke: keep the engine's memlock ulimit (engines that cannot raise it).")
 @click.option("--engine-at-start", is_flag=True,
               help="TensorRT engine path: compile on first start on the target host, into a cache volume.")
 @click.option("--engine-out", type=click.Path(file_okay=False),
@@ -306,7 +308,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
-          engine_at_start: bool, engine_out: str | None, compat_dir: str | None) -> None:
+          no_memlock: bool, engine_at_start: bool, engine_out: str | None, compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     if bake_file:
         from imgfab.bake import write_bake
@@ -322,6 +324,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            push=push, registry=registry, registry_user=registry_user,
                            registry_password=password, smoke=smoke,
                            weights=Path(weights) if weights else None, smoke_gpus=smoke_gpus,
+                           smoke_memlock=not no_memlock,
                            compat_dir=Path(compat_dir) if compat_dir else None,
                            compile="at-start" if engine_at_start else "auto",
                            engine_out=Path(engine_out) if engine_out else None)

@@ -248,12 +248,13 @@ def load_matrix(directory: Path | None = None) -> Matrix:
         for row in _records(images_data, "os", "cuda_images.yaml")
     }
 
+    gpu_rows = _records(_read(directory, "gpus.yaml"), "gpus", "gpus.yaml")
     gpus = [Gpu(name=_str(row, "name", "gpus.yaml"), aliases=_tuple(row.get("aliases")),
                 compute_capability=_str(row, "compute_capability", f"gpu {row.get('name')}"),
                 architecture=str(row.get("architecture", "")),
                 memory_gib=float(row.get("memory_gib") or 0), **_sourced(row))
-            for row in _records(_read(directory, "gpus.yaml"), "gpus", "gpus.yaml")]
-    for row in _read(directory, "gpus.yaml")["gpus"]:
+            for row in gpu_rows]
+    for row in gpu_rows:
         note("gpu", str(row.get("name")), row)
 
     precisions = [

@@ -354,3 +354,33 @@ def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
     assert doctor.returncode in (0, 1), doctor.stderr
     assert "no NVIDIA GPU" in doctor.stdout and "[ok] docker" in doctor.stdout
     assert "image" in doctor.stdout and "cannot be checked" in doctor.stdout
+
+
+@pytest.mark.parametrize("healthy", [True, False], ids=["smoke-passes", "smoke-fails"])
+def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
+    from imgfab import registry
+
+    root, ca, _ = work
+    repository = f"imgfab-test/smoke-{uuid.uuid4().hex[:8]}"
+    recipe = tmp_path / VLLM.name
+    recipe.write_text(VLLM.read_text().replace("repository: llm/qwen2-7b", f"repository: {repository}"))
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    if healthy:  # without config.json the probe refuses to start: the host is wrong
+        (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_bytes(b"\0" * 64)
+    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    result = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
+         _index_url(VLLM, root), "--network", "host", "--mirror", MIRROR, "--ca-cert", str(ca),
+         "--output", str(root / f"ctx-smoke-{healthy}"), "--registry", REGISTRY, "--push",
+         "--smoke", "--weights", str(weights), "--smoke-gpus", "none", "--no-memlock"],
+        capture_output=True, text=True, env=env, timeout=900)
+    tags = registry.list_tags(f"{REGISTRY}/{repository}", registry.Credentials.load(REGISTRY))
+    if healthy:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert json.loads(result.stdout)["smoke"]["passed"] and tags
+    else:
+        assert result.returncode == 1, result.stderr[-2000:]
+        assert "smoke" in result.stderr.strip().splitlines()[-1]
+        assert tags == [], "a failed smoke must block the push"
