@@ -328,6 +328,20 @@ def test_build_push_then_select_for_a_host_table(vllm_image, trtllm_image, trtll
 
     down = _select("--registry", "127.0.0.1:5999/x", "--driver", "580.65.06", "--gpu", "H100")
     assert down.returncode == 1 and down.stderr.count("\n") == 1, down.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "select", "--registry", fleet, "--driver", "580.65.06",
+         "--gpu", "H100"], capture_output=True, text=True,
+        env=dict(os.environ, IMGFAB_REGISTRY_PASSWORD="wrong-password"))
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "401" in refused.stderr and "wrong-password" not in refused.stderr
+
+
+def test_pin_digests_pins_both_bases(vllm_image, work):
+    root, ca, _ = work
+    pinned = imgfab_build(VLLM, root, ca, "--pin-digests")
+    for ref in pinned["base_images"].values():
+        assert ref.startswith(MIRROR + "/") and "@sha256:" in ref, ref
+    assert pinned["image_id"] == vllm_image["image_id"], "same bases by digest: same image"
 
 
 def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
