@@ -22,7 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from _payload import REPO, bench_recipe, docker, free_bytes, options_for, prune_build_cache, stack_of
+from _payload import (
+    REPO,
+    bench_recipe,
+    docker,
+    free_bytes,
+    options_for,
+    prune_build_cache,
+    stack_of,
+)
 
 NAIVE = """FROM {builder}
 RUN apt-get update && apt-get install -y python3 python3-venv python3-dev gcc
