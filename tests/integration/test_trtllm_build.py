@@ -33,8 +33,6 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "llama3.1-8b-h100-fp8-engine.yaml"
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
-# Stand-in base: the mirror has no 13.1.1 image; the builder stage needs only apt and python3.
-STAND_IN = "nvidia/cuda:13.0.0-devel-ubuntu24.04"
 
 if not os.environ.get("DOCKER_HOST"):
     if os.environ.get("CI") == "true":
@@ -120,7 +118,7 @@ def builder(index, tmp_path_factory, matrix):
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     result = subprocess.run(
         [DOCKER, "build", "--target", "builder", "--network", "host", "--progress", "plain",
-         "--build-arg", f"BUILDER_IMAGE={mirror}/{STAND_IN}", "--secret", f"id=pip-conf,src={pip_conf}",
+         "--build-arg", f"BUILDER_IMAGE={mirror}/{stack.builder_image}", "--secret", f"id=pip-conf,src={pip_conf}",
          "-t", tag, str(context)], capture_output=True, text=True, timeout=1500, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     yield recipe, stack, tag, result.stderr
