@@ -84,3 +84,12 @@ def free_bytes() -> int:
 def prune_build_cache() -> None:
     """Empties the engine's whole BuildKit cache (every project's): a cold build."""
     docker("builder", "prune", "-af")
+
+
+def add_payload_arguments(parser) -> None:
+    """The options both bench scripts share: payload, recipe, repository of the bench builds."""
+    parser.add_argument("--payload", choices=("light", "real"), default="light")
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "qwen2-7b-h100.yaml")
+    parser.add_argument("--repository", default=None,
+                        help="image.repository for the bench builds (default imgfab-bench/"
+                             "<recipe repository's last part>-<payload>; '' keeps the recipe's)")

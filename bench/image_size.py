@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from _payload import (
-    REPO,
+    add_payload_arguments,
     bench_recipe,
     docker,
     free_bytes,
@@ -45,11 +45,7 @@ CMD ["/opt/venv/bin/vllm", "serve", "/models"]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--payload", choices=("light", "real"), default="light")
-    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "qwen2-7b-h100.yaml")
-    parser.add_argument("--repository", default=None,
-                        help="image.repository for the bench build (default imgfab-bench/"
-                             "<recipe repository's last part>-<payload>; '' keeps the recipe's)")
+    add_payload_arguments(parser)
     parser.add_argument("--naive-tag", default=None, help="default imgfab-bench/naive:<payload>")
     parser.add_argument("--free-before-naive", choices=("auto", "yes", "no"), default="auto")
     args = parser.parse_args()

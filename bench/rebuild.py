@@ -14,16 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _payload import REPO, bench_recipe, free_bytes, options_for, prune_build_cache
+from _payload import add_payload_arguments, bench_recipe, free_bytes, options_for, prune_build_cache
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--payload", choices=("light", "real"), default="light")
-    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "qwen2-7b-h100.yaml")
-    parser.add_argument("--repository", default=None,
-                        help="image.repository for the bench builds (default imgfab-bench/"
-                             "<recipe repository's last part>-<payload>; '' keeps the recipe's)")
+    add_payload_arguments(parser)
     args = parser.parse_args()
     from imgfab.build import build_recipe
 
