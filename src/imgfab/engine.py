@@ -178,6 +178,7 @@ def push_image(local_ref: str, repository: str, tag: str, *,
         raise EngineError(f"docker tag {local_ref} {repository}:{tag} failed: {_one_line(exc)}",
                           field="engine", fix="check the engine is reachable") from None
     digest = ""
+    reported: dict[str, int] = {}  # layer id → last tenth of its upload reported
     try:
         for item in client.api.push(repository, tag=tag, stream=True, decode=True,
                                     auth_config=auth_config):
@@ -185,9 +186,16 @@ def push_image(local_ref: str, repository: str, tag: str, *,
                 raise RegistryError(" ".join(str(item["error"]).split()),
                                     field=f"push {repository}:{tag}")
             digest = (item.get("aux") or {}).get("Digest") or digest
-            if on_line is not None and item.get("status"):
-                on_line(" ".join(filter(None, (item.get("id"), item["status"],
-                                               item.get("progress")))))
+            if on_line is None or not item.get("status"):
+                continue
+            detail = item.get("progressDetail") or {}
+            if item["status"] == "Pushing" and detail.get("total"):
+                # The daemon sends an update every few KB: report each layer per tenth only.
+                tenth = int(10 * detail.get("current", 0) / detail["total"])
+                if reported.get(item.get("id", "")) == tenth:
+                    continue
+                reported[item.get("id", "")] = tenth
+            on_line(" ".join(filter(None, (item.get("id"), item["status"], item.get("progress")))))
     except DockerException as exc:
         raise EngineError(f"docker push {repository}:{tag} failed: {_one_line(exc)}",
                           field="engine", fix="check the engine is reachable") from None

@@ -21,11 +21,14 @@ A failed check raises :class:`imgfab.errors.ValidationFailed` listing every fail
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import json
+import os
 import posixpath
 import re
+import stat
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -132,10 +135,10 @@ def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
     cannot inspect or save the image."""
     engine = engine or importlib.import_module("imgfab.engine")
     report = VerifyReport(image=ref)
-    config = (engine.inspect_image(ref).get("Config") or {})
-    report.findings += _config_findings(config, policy)
-    scan = _scan_layers(engine.save_stream(ref), policy)
-    ours = list((engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or [])
+    info = engine.inspect_image(ref)
+    report.findings += _config_findings(info.get("Config") or {}, policy)
+    ours = list((info.get("RootFS") or {}).get("Layers") or [])
+    scan = _scan_image(ref, info, ours, policy, engine)
     scan.base_count = sum(1 for _ in iter_prefix(ours, list(policy.base_diff_ids)))
     report.findings += scan.findings(policy)
     report.notes += scan.notes
@@ -228,6 +231,14 @@ class _LayerScan:
     layers: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     base_count: int = 0
+    # layer name → its cacheable result ({"matched", "weights", "secrets"})
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def merge(self, layer: str, result: dict[str, Any], secret_hits: set[str]) -> None:
+        """Add one layer's (possibly cached) result."""
+        self.layers[layer] = [(path, kind) for path, kind in result.get("matched", [])]
+        self.weights += result.get("weights", [])
+        secret_hits.update(result.get("secrets", []))
 
     def final_paths(self) -> dict[str, int]:
         """Catalogue-matched paths in the final filesystem (whiteouts applied) → the index
@@ -284,6 +295,121 @@ _ALL_PATTERNS = re.compile("|".join(f"(?:{p})" for pats in
                                      *NOTE_ONLY.values()) for p in pats))
 
 
+def cache_dir() -> Path:
+    """Where per-layer scan results are kept (``$XDG_CACHE_HOME/imgfab/verify``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "imgfab" / "verify"
+
+
+def _layer_key(diff_id: str, policy: VerifyPolicy) -> str:
+    """A layer's scan result depends only on its content (the diff id), the weights mount,
+    the secrets searched for and the path catalogue: all four are in the key."""
+    digest = hashlib.sha256()
+    for part in (diff_id, policy.mount_path, _ALL_PATTERNS.pattern):
+        digest.update(part.encode() + b"\0")
+    for name, data in sorted(policy.secrets.items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def _load_layer(key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _store_layer(key: str, result: dict[str, Any]) -> None:
+    """Best effort: a cache that cannot be written only costs a rescan next time."""
+    try:
+        directory = cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        staging = directory / f".{key}.{os.getpid()}"
+        staging.write_text(json.dumps(result, sort_keys=True), encoding="utf-8")
+        os.replace(staging, directory / f"{key}.json")
+    except OSError:
+        pass
+
+
+def local_layer_dirs(info: dict[str, Any], layers: list[str]) -> list[Path] | None:
+    """The overlay2 ``diff`` directory of every layer (bottom first), when this process can read
+    the engine's storage (a local engine); None otherwise. ``LowerDir`` lists the lower layers
+    top first and ``UpperDir`` is the top layer, so the reversed list lines up with
+    ``RootFS.Layers``."""
+    driver = info.get("GraphDriver") or {}
+    if driver.get("Name") != "overlay2":
+        return None
+    data = driver.get("Data") or {}
+    top_down = [data.get("UpperDir") or ""] + [d for d in (data.get("LowerDir") or "").split(":") if d]
+    if len(top_down) != len(layers) or not all(os.path.isdir(d) and os.access(d, os.R_OK) for d in top_down):
+        return None
+    return [Path(d) for d in reversed(top_down)]
+
+
+def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: VerifyPolicy,
+                engine: Any) -> _LayerScan:
+    """Scan every layer once per content: results are cached by diff id, and layers not seen
+    before are read from the engine's storage when it is local (else one ``docker save``)."""
+    keys = {diff_id: _layer_key(diff_id, policy) for diff_id in layers}
+    known = {diff_id: _load_layer(key) for diff_id, key in keys.items()}
+    unknown = [d for d in layers if known[d] is None]
+    directories = local_layer_dirs(info, layers) if unknown else []
+    if unknown and directories is None:
+        scan = _scan_layers(engine.save_stream(ref), policy)
+        for diff_id, name in zip(layers, scan.order):
+            _store_layer(keys[diff_id], scan.results.get(name, {}))
+        return scan
+    scan = _LayerScan(order=list(layers))
+    secret_hits: set[str] = set()
+    mount = policy.mount_path.strip("/")
+    for index, diff_id in enumerate(layers):
+        result = known[diff_id]
+        if result is None:
+            assert directories is not None
+            result = _scan_directory(directories[index], mount, policy)
+            _store_layer(keys[diff_id], result)
+        scan.merge(diff_id, result, secret_hits)
+    # The image config (history, environment, labels) as the engine reports it.
+    config_text = json.dumps([info, engine.image_history(ref)], sort_keys=True).encode()
+    for name in _contains(io.BytesIO(config_text), policy.secrets):
+        secret_hits.add(f"{name} in the image config")
+    scan.secrets = sorted(secret_hits)
+    scan.notes.append(f"layers: {len(layers) - len(unknown)} of {len(layers)} known from earlier "
+                      f"scans, {len(unknown)} read from the engine's storage")
+    return scan
+
+
+def _scan_directory(root: Path, mount: str, policy: VerifyPolicy) -> dict[str, Any]:
+    """One overlay2 layer directory → the same result a layer tar gives: whiteouts are
+    character devices 0/0, opaque directories carry the ``trusted.overlay.opaque`` xattr."""
+    matched: list[list[str]] = []
+    weights: list[str] = []
+    secrets: list[str] = []
+    for directory, subdirs, files in os.walk(root):
+        relative_dir = os.path.relpath(directory, root)
+        relative_dir = "" if relative_dir == "." else relative_dir
+        try:
+            if relative_dir and os.getxattr(directory, "trusted.overlay.opaque") == b"y":
+                matched.append([relative_dir, "opaque"])
+        except OSError:
+            pass
+        for name in sorted(subdirs) + sorted(files):
+            path = posixpath.join(relative_dir, name) if relative_dir else name
+            full = os.path.join(directory, name)
+            info = os.lstat(full)
+            if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
+                matched.append([path, "whiteout"])
+                continue
+            if mount and path.startswith(mount + "/"):
+                weights.append("/" + path)
+            if _ALL_PATTERNS.fullmatch(path):
+                matched.append([path, "file"])
+            if stat.S_ISREG(info.st_mode) and policy.secrets:
+                with open(full, "rb") as handle:
+                    secrets += [f"{hit} in /{path}" for hit in _contains(handle, policy.secrets)]
+    return {"matched": matched, "weights": weights, "secrets": secrets}
+
+
 def _scan_layers(chunks: Iterable[bytes], policy: VerifyPolicy) -> _LayerScan:
     """One pass over a ``docker save`` stream: every layer's paths and file bytes."""
     scan = _LayerScan()
@@ -301,8 +427,13 @@ def _scan_layers(chunks: Iterable[bytes], policy: VerifyPolicy) -> _LayerScan:
                 manifest = json.loads(stream.read())
                 scan.order = list(manifest[0].get("Layers", [])) if manifest else []
             elif member.name.endswith("layer.tar"):
+                before_weights, layer_hits = len(scan.weights), set()
                 scan.layers[member.name] = _scan_layer(stream, member.name, mount, policy,
-                                                       scan, secret_hits)
+                                                       scan, layer_hits)
+                secret_hits |= layer_hits
+                scan.results[member.name] = {
+                    "matched": [list(m) for m in scan.layers[member.name]],
+                    "weights": scan.weights[before_weights:], "secrets": sorted(layer_hits)}
             else:  # the image config: history and environment
                 for name in _contains(stream, policy.secrets):
                     secret_hits.add(f"{name} in the image config ({member.name})")

@@ -246,6 +246,10 @@ def test_serving_change_rebuilds_no_builder_step(vllm_image, work, tmp_path):
                 if not s.cached and not s.instruction.startswith("FROM")]
     assert not uncached, uncached
     assert rebuilt["image_id"] != vllm_image["image_id"]
+    # verify read only the few new serving layers; the rest were known from the first scan.
+    layers_note = next(n for n in rebuilt["notes"] if n.startswith("layers: "))
+    known, total = (int(x) for x in layers_note.split()[1:4:2])
+    assert total - known <= 3, layers_note
     assert elapsed < 120
 
 
