@@ -7,11 +7,12 @@ import copy
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from packaging.version import Version
 from hypothesis import strategies as st
 
 from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.recipe import parse_recipe
-from imgfab.resolve import Host, resolve
+from imgfab.resolve import Host, fits_host, resolve
 from imgfab.rules import compare_versions
 
 from conftest import RECIPES, REPO
@@ -157,3 +158,14 @@ def test_property_resolver_returns_a_fitting_stack_or_a_typed_error(matrix, driv
         return
     assert compare_versions(driver, stack.driver_floor) >= 0
     assert stack.gpu == matrix.gpu(gpu).name
+
+
+def test_a_later_os_can_fit_when_the_first_cannot(matrix):
+    # vLLM 0.8.x is CUDA 12.4, published for ubuntu22.04 only: the ubuntu24.04 miss must not
+    # sink the ubuntu22.04 stack that fits a 550.54.15 host under the strict policy.
+    rows = fits_host(matrix, "L40S", "550.54.15", "strict")
+    fitting = {r.version: f for r, f, _ in rows if f is not None and r.backend == "vllm"}
+    assert fitting, "some vLLM release fits a 550.54.15 host"
+    newest = max(fitting, key=Version)
+    assert fitting[newest]["os"].name == "ubuntu22.04"
+    assert fitting[newest]["toolkit"].version.startswith("12.4.")

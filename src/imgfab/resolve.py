@@ -174,6 +174,9 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
     if release.torch and not torch:
         failures.append(Rejection(label, "torch", f"no torch row in compat/torch.yaml satisfies {release.torch}"))
 
+    # Arch, precision and torch failures hold on every OS; the rest are per OS and CUDA patch
+    # and only matter if no OS works.
+    blocking = list(failures)
     best_driver_failure: Rejection | None = None
     profile = matrix.profiles[release.backend]
     for os_name in os_names:
@@ -202,8 +205,8 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
                     best_driver_failure = Rejection(f"{label} (CUDA {toolkit.version}, {os_name})",
                                                     "driver", verdict.reason, verdict.fix)
                 continue
-            if failures:
-                return None, failures
+            if blocking:
+                return None, blocking
             return {"toolkit": toolkit, "image": image, "os": os_release, "torch": torch,
                     "floors": floors, "floor": floor}, []
         if not any(matrix.image(t.version, os_name) for t in matrix.patches(release.cuda)):
