@@ -192,7 +192,7 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     images = []
     for tag in registry.list_tags(repository, credentials):
         ref = f"{repository}:{tag}"
-        labels = (registry.image_config(ref, credentials).get("config") or {}).get("Labels") or {}
+        labels = registry.image_labels(ref, credentials)
         digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
         images.append(Published(repository, tag, digest, labels))
     best, candidates = choose(images, host, model=model, backend=backend)
@@ -265,7 +265,7 @@ def doctor(image: str | None, as_json: bool) -> None:
         from imgfab import registry
 
         credentials = registry.Credentials.load(image.split("/", 1)[0])
-        labels = (registry.image_config(image, credentials).get("config") or {}).get("Labels") or {}
+        labels = registry.image_labels(image, credentials)
     findings = checks.diagnose(checks.live_view(engine.docker_info), image_labels=labels)
     if as_json:
         click.echo(checks.to_json(findings))

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from imgfab.probe import HostFacts, load_nvml, read_host
-from imgfab.rules import check_arch, check_driver, check_precision
+from imgfab.select import driver_verdict, gpu_verdicts, is_imgfab_image
 
 GIB = 1024**3
 
@@ -171,31 +171,16 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
 
 
 def image_findings(labels: dict[str, str], host: HostFacts) -> list[Finding]:
-    """Would this image (its config labels) run here? The resolver's rules, no layer pulled."""
-    p = "org.imgfab"
-    if f"{p}.driver.floor" not in labels:
+    """Would this image (its config labels) run here? The rules `select` applies, no layer pulled."""
+    if not is_imgfab_image(labels):
         return [Finding("image", "error", "the image has no org.imgfab labels (not built by imgfab)",
                         "rebuild it with imgfab build")]
     if host.error or not host.driver:
         return [Finding("image", "info", "no GPU driver here: the image's driver/arch rules cannot be checked")]
-    out = []
-    verdict = check_driver(host.driver, floor=labels[f"{p}.driver.floor"],
-                           policy=labels.get(f"{p}.driver.policy", "strict"), cuda=labels.get(f"{p}.cuda", "?"),
-                           compat_floor=labels.get(f"{p}.driver.compat_floor") or None)
-    out.append(Finding("image-driver", "ok" if verdict.ok else "error", verdict.reason, verdict.fix))
-    archs = [a for a in labels.get(f"{p}.archs", "").split(",") if a]
+    verdicts = [driver_verdict(labels, host.driver)]
     for gpu in host.gpus:
-        verdict = check_arch(gpu.compute_capability, archs, exact=labels.get(f"{p}.arch.exact") == "true",
-                             gpu=f"GPU{gpu.index} {gpu.name}")
-        out.append(Finding("image-arch", "ok" if verdict.ok else "error", verdict.reason, verdict.fix))
-        precision = labels.get(f"{p}.precision", "auto")
-        if precision not in ("auto", ""):
-            verdict = check_precision(precision, gpu.compute_capability,
-                                      min_cc=labels.get(f"{p}.precision.min_cc") or None,
-                                      max_cc=labels.get(f"{p}.precision.max_cc") or None,
-                                      backend=labels.get(f"{p}.backend", ""), gpu=f"GPU{gpu.index} {gpu.name}")
-            out.append(Finding("image-precision", "ok" if verdict.ok else "error", verdict.reason, verdict.fix))
-    return out
+        verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability)
+    return [Finding(f"image-{v.check}", "ok" if v.ok else "error", v.reason, v.fix) for v in verdicts]
 
 
 def _json(text: str | None) -> dict[str, Any]:

@@ -498,6 +498,10 @@ def image_config(ref: str, credentials: Credentials | None = None, *,
     return json.loads(body)
 
 
+def image_labels(ref: str, credentials: Credentials | None = None) -> dict[str, str]:
+    """The ``config.Labels`` of ``ref``'s image config (empty when it has none)."""
+    return (image_config(ref, credentials).get("config") or {}).get("Labels") or {}
+
 def _get_manifest(client: _Client, ref: ImageRef, reference: str) -> dict[str, Any]:
     response = client.request("GET", f"/v2/{ref.repository}/manifests/{reference}",
                               scope=_pull_scope(ref), headers={"Accept": MANIFEST_ACCEPT},

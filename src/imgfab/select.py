@@ -60,31 +60,45 @@ def _version_key(text: str) -> tuple[int, ...]:
         return ()
 
 
-def evaluate(image: Published, host: HostGpu) -> Candidate:
-    """Every rule an image must pass on this host, as verdicts (none raises)."""
-    labels = image.labels
-    candidate = Candidate(image)
-    floor = labels.get(f"{P}.driver.floor", "")
-    if not floor:
-        candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor label)"))
-        return candidate
-    candidate.verdicts.append(check_driver(
-        host.driver, floor=floor, policy=labels.get(f"{P}.driver.policy", "strict"),
+def driver_verdict(labels: dict[str, str], driver: str) -> Verdict:
+    """The image's driver floor and policy (its labels) against a host driver."""
+    return check_driver(
+        driver, floor=labels[f"{P}.driver.floor"], policy=labels.get(f"{P}.driver.policy", "strict"),
         cuda=labels.get(f"{P}.cuda", "?"), strict_floor=labels.get(f"{P}.driver.strict_floor") or None,
-        compat_floor=labels.get(f"{P}.driver.compat_floor") or None))
+        compat_floor=labels.get(f"{P}.driver.compat_floor") or None)
+
+
+def gpu_verdicts(labels: dict[str, str], gpu: str, compute_capability: str) -> list[Verdict]:
+    """The image's kernel architectures and precision (its labels) against one GPU."""
+    verdicts = []
     archs = [a for a in labels.get(f"{P}.archs", "").split(",") if a]
     if archs:
-        candidate.verdicts.append(check_arch(host.compute_capability, archs,
-                                             exact=labels.get(f"{P}.arch.exact") == "true", gpu=host.gpu))
+        verdicts.append(check_arch(compute_capability, archs,
+                                   exact=labels.get(f"{P}.arch.exact") == "true", gpu=gpu))
     else:  # the matrix row had no confirmed kernel list: nothing to check, and it says so
-        candidate.verdicts.append(Verdict(True, "arch", "kernel architectures unknown (unconfirmed "
-                                          "matrix row): not checked"))
+        verdicts.append(Verdict(True, "arch", "kernel architectures unknown (unconfirmed "
+                                "matrix row): not checked"))
     precision = labels.get(f"{P}.precision", "auto")
     if precision not in ("auto", ""):
-        candidate.verdicts.append(check_precision(
-            precision, host.compute_capability, min_cc=labels.get(f"{P}.precision.min_cc") or None,
+        verdicts.append(check_precision(
+            precision, compute_capability, min_cc=labels.get(f"{P}.precision.min_cc") or None,
             max_cc=labels.get(f"{P}.precision.max_cc") or None, backend=labels.get(f"{P}.backend", ""),
-            gpu=host.gpu))
+            gpu=gpu))
+    return verdicts
+
+
+def is_imgfab_image(labels: dict[str, str]) -> bool:
+    return bool(labels.get(f"{P}.driver.floor"))
+
+
+def evaluate(image: Published, host: HostGpu) -> Candidate:
+    """Every rule an image must pass on this host, as verdicts (none raises)."""
+    candidate = Candidate(image)
+    if not is_imgfab_image(image.labels):
+        candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor label)"))
+        return candidate
+    candidate.verdicts.append(driver_verdict(image.labels, host.driver))
+    candidate.verdicts += gpu_verdicts(image.labels, host.gpu, host.compute_capability)
     return candidate
 
 
