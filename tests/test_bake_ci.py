@@ -17,7 +17,7 @@ SCHEMAS = REPO / "tests" / "fixtures" / "schemas"
 MIRROR = "127.0.0.1:5000/mirror"
 # The vLLM recipes: they render whatever state the TensorRT-LLM flag tables are in, and one
 # of them has a name with a dot, which bake target names may not contain.
-BAKE_RECIPES = [REPO / "recipes/llama3.1-8b-l4.yaml", REPO / "recipes/qwen2-7b-h100.yaml"]
+BAKE_RECIPES = [REPO / "recipes/llama31-8b-l4.yaml", REPO / "recipes/qwen2-7b-h100.yaml"]
 
 
 def imgfab(*args: str, cwd=None, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -73,7 +73,7 @@ def test_bake_has_one_target_per_recipe_in_the_default_group(baked):
 
     _, definition = baked
     names = sorted(target_name(load_recipe(r).name) for r in BAKE_RECIPES)
-    assert "llama3_1-8b-l4" in names
+    assert "llama31-8b-l4" in names
     assert definition["group"] == {"default": {"targets": names}}
     assert sorted(definition["target"]) == names
 

@@ -115,14 +115,14 @@ def test_rtx4090_is_sm89(matrix):
 
 
 def test_nvfp4_needs_blackwell_on_tensorrt_llm(matrix):
-    data = _recipe("llama3.1-8b-h100-fp8-engine", **{"engine__quantization": "nvfp4"})
+    data = _recipe("llama31-8b-h100-fp8-engine", **{"engine__quantization": "nvfp4"})
     with pytest.raises(CompatibilityError) as info:
         resolve(parse_recipe(data), matrix)
     assert "nvfp4" in info.value.one_line() and "10.0" in info.value.one_line()
 
 
 def test_engine_path_is_exact_arch(matrix):
-    stack = resolve(parse_recipe(_recipe("llama3.1-8b-h100-fp8-engine")), matrix).stack
+    stack = resolve(parse_recipe(_recipe("llama31-8b-h100-fp8-engine")), matrix).stack
     assert stack.arch_exact and stack.archs == ("9.0",)
     assert stack.tensorrt
 

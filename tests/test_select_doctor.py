@@ -33,8 +33,8 @@ def published(matrix) -> list[Published]:
     specs = [
         ("a-strict-new", "qwen2-7b-h100", {"target__driver_policy": "strict", "target__driver": ">=999.0"}),
         ("b-compat-cu12", "qwen2-7b-h100", {}),
-        ("c-l4-bf16", "llama3.1-8b-l4", {}),
-        ("d-engine-sm90", "llama3.1-8b-h100-fp8-engine", {}),
+        ("c-l4-bf16", "llama31-8b-l4", {}),
+        ("d-engine-sm90", "llama31-8b-h100-fp8-engine", {}),
         ("e-engine-sm89", "qwen2-7b-l40s-awq-engine", {}),
     ]
     return [Published("127.0.0.1:5000/llm/x", tag, f"sha256:{i:064x}", _labels(matrix, name, **changes))
@@ -65,7 +65,7 @@ def test_refusal_names_what_the_host_needs(published):
 
 
 def test_model_filter(published):
-    best, _ = choose(published, HostGpu("999.1.1", "L4", "8.9"), model="llama3.1-8b-l4")
+    best, _ = choose(published, HostGpu("999.1.1", "L4", "8.9"), model="llama31-8b-l4")
     assert best.image.tag == "c-l4-bf16"
 
 
@@ -108,7 +108,7 @@ def test_doctor_docker_down():
 
 def test_doctor_image_against_a_recorded_h200(matrix):
     host = HostFacts(driver="580.159.04", gpus=[GpuFacts(0, "NVIDIA H200", "9.0")])
-    ok = image_findings(_labels(matrix, "llama3.1-8b-h100-fp8-engine"), host)
+    ok = image_findings(_labels(matrix, "llama31-8b-h100-fp8-engine"), host)
     assert all(f.severity == "ok" for f in ok), ok
     wrong = image_findings(_labels(matrix, "qwen2-7b-l40s-awq-engine"), host)
     assert any(f.check == "image-arch" and f.severity == "error" for f in wrong)

@@ -20,7 +20,7 @@ from imgfab.trtllm_flags import check_command, load_flags
 
 from conftest import REPO
 
-ENGINE_RECIPES = ["llama3.1-8b-h100-fp8-engine", "qwen2-7b-l40s-awq-engine"]
+ENGINE_RECIPES = ["llama31-8b-h100-fp8-engine", "qwen2-7b-l40s-awq-engine"]
 PYTORCH_RECIPE = "mistral-7b-a100-trtllm"
 
 
@@ -60,7 +60,7 @@ def test_every_rendered_engine_command_exists(name, strategy, matrix):
 
 
 def test_quantize_argv_matches_recipe(matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     argv = trtllm.engine_plan(recipe, stack).checkpoint_argv
     pairs = dict(zip(argv[2::2], argv[3::2]))
     assert pairs == {"--model_dir": "/models/llama3.1-8b", "--output_dir": "/opt/imgfab/out/checkpoint",
@@ -73,7 +73,7 @@ def test_quantize_argv_matches_recipe(matrix):
 
 
 def test_unquantized_recipe_converts_with_full_prec(matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     plain = recipe.model_copy(update={"engine": recipe.engine.model_copy(
         update={"quantization": "none", "calibration": None, "kv_cache_dtype": "auto"})})
     argv = trtllm.engine_plan(plain, stack).checkpoint_argv
@@ -81,7 +81,7 @@ def test_unquantized_recipe_converts_with_full_prec(matrix):
 
 
 def test_quantize_script_flags_are_quantize_py_flags(matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     source = render_context(recipe, stack, matrix)["imgfab-quantize.py"]
     table = load_flags(stack.backend_version).command(trtllm.QUANTIZE_TABLE)[0]
     names = [node.args[0].value for node in ast.walk(ast.parse(source))
@@ -111,7 +111,7 @@ def test_pytorch_path_serves_the_checkpoint(matrix):
     ("trtllm-build", "--tp_size", "quantize.py --tp_size"),
 ])
 def test_tutorial_flags_are_rejected_with_pointer(command, flag, pointer, matrix):
-    _, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    _, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     flags = trtllm.flag_table(stack)
     with pytest.raises(CompatibilityError) as err:
         trtllm.check_argv([command, "--checkpoint_dir", "c", flag, "1"], flags, command)
@@ -119,7 +119,7 @@ def test_tutorial_flags_are_rejected_with_pointer(command, flag, pointer, matrix
 
 
 def test_release_without_flag_table_is_refused(matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     old = replace(stack, backend_version="1.1.0")
     with pytest.raises(CompatibilityError) as err:
         trtllm.engine_plan(recipe, old)
@@ -142,7 +142,7 @@ def test_cache_key_changes_with_each_component():
 
 
 def test_cache_key_follows_the_recipe(matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     changed = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"max_batch_size": 32})})
     a, b = trtllm.engine_plan(recipe, stack), trtllm.engine_plan(changed, stack)
     assert a.cache_key != b.cache_key and a.cache_dir.endswith(a.cache_key)
@@ -217,7 +217,7 @@ def _inputs(tmp_path):
 
 
 def test_two_phase_runs_builder_with_gpus_and_readonly_mounts(tmp_path, matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     weights, prompts, context = _inputs(tmp_path)
     engine = RecordingEngine()
     result = trtllm.two_phase(context, recipe, stack, engine=engine, weights_dir=weights,
@@ -257,7 +257,7 @@ def test_two_phase_reports_compile_failure(tmp_path, matrix):
 
 
 def test_two_phase_refuses_output_inside_context(tmp_path, matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     weights, prompts, context = _inputs(tmp_path)
     engine = RecordingEngine()
     with pytest.raises(Exception, match="outside the build context"):
@@ -267,7 +267,7 @@ def test_two_phase_refuses_output_inside_context(tmp_path, matrix):
 
 
 def test_compile_script_print_and_no_gpu(tmp_path, matrix):
-    recipe, stack = _load("llama3.1-8b-h100-fp8-engine", matrix)
+    recipe, stack = _load("llama31-8b-h100-fp8-engine", matrix)
     files = render_context(recipe, stack, matrix)
     script = tmp_path / "imgfab-compile"
     script.write_text(files["imgfab-compile.sh"])

@@ -25,7 +25,9 @@ from imgfab.rules import POLICIES, STRICT, parse_version
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 _ABS_PATH = re.compile(r"^/[A-Za-z0-9._/-]{0,255}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# A DNS-1123 label that starts with a letter: it names the container, the Kubernetes objects
+# (Deployment, Service, PVC) and the build directory, and must stay a string in YAML.
+_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _REPOSITORY = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 _REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 _SIZE = re.compile(r"^[0-9]+[kmgKMG]?$")
@@ -250,8 +252,9 @@ class Recipe(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be lowercase [a-z0-9._-], 1-63 characters, e.g. qwen2-7b-h100")
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise ValueError("must be a DNS-1123 label that starts with a letter: lowercase "
+                             "[a-z0-9-], 1-63 characters, no dots, e.g. qwen2-7b-h100")
         return value
 
     @model_validator(mode="after")

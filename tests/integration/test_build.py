@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 VLLM = REPO / "recipes" / "qwen2-7b-h100.yaml"
 TRTLLM = REPO / "recipes" / "mistral-7b-a100-trtllm.yaml"
-ENGINE = REPO / "recipes" / "llama3.1-8b-h100-fp8-engine.yaml"
+ENGINE = REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml"
 
 if not os.environ.get("DOCKER_HOST"):
     if os.environ.get("CI") == "true":
@@ -314,8 +314,8 @@ def test_build_push_then_select_for_a_host_table(vllm_image, trtllm_image, trtll
         # (driver, gpu, extra args, expected tag or None)
         ("535.104.05", "H100", ["--backend", "vllm"], "vllm-cu12-sm90-fp8"),
         ("580.65.06", "A100-80GB", [], "trtllm-pytorch"),
-        ("580.65.06", "H100", ["--model", "llama3.1-8b-h100-fp8-engine"], "trtllm-engine-sm90"),
-        ("580.65.06", "L40S", ["--model", "llama3.1-8b-h100-fp8-engine"], None),  # engine is sm_90 only
+        ("580.65.06", "H100", ["--model", "llama31-8b-h100-fp8-engine"], "trtllm-engine-sm90"),
+        ("580.65.06", "L40S", ["--model", "llama31-8b-h100-fp8-engine"], None),  # engine is sm_90 only
         ("470.57.02", "H100", [], None),  # too old a driver for every image
     ]
     for driver, gpu, extra, expected in table:

@@ -31,7 +31,7 @@ from imgfab.resolve import resolve
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "llama3.1-8b-h100-fp8-engine.yaml"
+RECIPE = REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml"
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
 
 if not os.environ.get("DOCKER_HOST"):

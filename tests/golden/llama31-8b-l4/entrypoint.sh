@@ -1,5 +1,5 @@
 #!/bin/bash
-# Rendered by imgfab 0.1.0 for llama3.1-8b-l4: probe the host, then serve.
+# Rendered by imgfab 0.1.0 for llama31-8b-l4: probe the host, then serve.
 # IMGFAB_PRESET picks the workload shape (chat, long-context); default long-context.
 # IMGFAB_SKIP_PROBE=1 skips the start-up probe (`imgfab-probe` still runs it on demand).
 # Arguments, if any, replace the server command.

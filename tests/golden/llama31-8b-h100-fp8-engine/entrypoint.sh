@@ -1,0 +1,50 @@
+#!/bin/bash
+# Rendered by imgfab 0.1.0 for llama31-8b-h100-fp8-engine: probe the host, then serve.
+# IMGFAB_PRESET picks the workload shape (chat, long-context); default chat.
+# IMGFAB_SKIP_PROBE=1 skips the start-up probe (`imgfab-probe` still runs it on demand).
+# Arguments, if any, replace the server command.
+set -euo pipefail
+
+# Probe verdicts: 3 (host is wrong) and 4 (image is wrong) refuse to start with the probe's
+# one-line reason; 5 (cannot check, e.g. no GPU visible) is reported and serving is attempted.
+if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
+    probe_status=0
+    imgfab-probe || probe_status=$?
+    case "$probe_status" in
+        0) ;;
+        5) echo "imgfab: the probe could not check this host (exit 5); starting anyway" >&2 ;;
+        *) exit "$probe_status" ;;
+    esac
+fi
+
+if [ "$#" -gt 0 ]; then
+    exec "$@"
+fi
+
+# The TensorRT engine lives in the cache volume under its key (GPU compute capability,
+# TensorRT, TensorRT-LLM, recipe hash); .imgfab-ready marks a complete one, reused afterwards.
+engine_dir=/var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/engine
+if [ ! -f "$engine_dir/.imgfab-ready" ]; then
+    rm -rf "$engine_dir"
+    mkdir -p /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9
+    # Refit the weight-stripped engine with the weights of the checkpoint it was built from.
+    if [ ! -f /models/llama3.1-8b/imgfab-trtllm/808f849918a4876c/checkpoint/config.json ]; then
+        echo "imgfab: no TensorRT-LLM checkpoint at /models/llama3.1-8b/imgfab-trtllm/808f849918a4876c/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
+        exit 2
+    fi
+    trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/llama3.1-8b/imgfab-trtllm/808f849918a4876c/checkpoint --output_dir /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/engine
+    touch "$engine_dir/.imgfab-ready"
+fi
+
+case "${IMGFAB_PRESET:-chat}" in
+    chat)
+        exec trtllm-serve /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 64 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
+        ;;
+    long-context)
+        exec trtllm-serve /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
+        ;;
+    *)
+        echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2
+        exit 2
+        ;;
+esac
