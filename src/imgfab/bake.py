@@ -7,6 +7,10 @@ reference, https://docs.docker.com/build/bake/reference/ (``group``/``target`` b
 Paths in the file are relative to the directory :func:`write_bake` ran in, which is where
 Bake resolves them: run ``docker buildx bake -f build/docker-bake.json`` from there.
 
+TensorRT engine recipes are rendered for ``--engine-at-start``: Bake cannot run the GPU compile
+phase of a two-phase build, whose ``engine/`` would otherwise be missing from the context; the
+engine compiles on the serving host's first start into the engine cache volume.
+
 Build secrets come from the environment of the ``bake`` process, by content, so an unset
 variable is simply an absent secret (``netenv.sh`` tests ``-s``), never a failed build:
 ``IMGFAB_CA_CERT_PEM`` (a PEM bundle → secret ``ca-cert``) and ``IMGFAB_PIP_CONF`` (a pip.conf
@@ -40,8 +44,8 @@ def mirrored(ref: str, mirror: str | None) -> str:
 
 
 def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
-                    registry: str | None = None,
-                    compat_dir: Path | None = None) -> dict[str, Any]:
+                    registry: str | None = None, compat_dir: Path | None = None,
+                    network: str | None = None) -> dict[str, Any]:
     """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict).
 
     Raises :class:`RecipeError` / :class:`CompatibilityError` as ``imgfab render`` does, and
@@ -58,7 +62,9 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     for path in recipe_paths:
         recipe = load_recipe(path)
         stack = resolve(recipe, matrix, None).stack
-        context = write_context(render_context(recipe, stack, matrix), out_dir / recipe.name)
+        strategy = "at-start" if stack.backend_path == "engine" else "two-phase"
+        context = write_context(render_context(recipe, stack, matrix, engine_strategy=strategy),
+                                out_dir / recipe.name)
         name = target_name(recipe.name)
         if name in targets:
             raise RecipeError(f"{path} and {sources[name]} both become bake target {name}",
@@ -74,13 +80,14 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
                      "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)},
             "tags": [f"{repository}:{image_tag(recipe, stack)}"],
             "secret": [f"type=env,id={sid},env={var}" for sid, var in SECRETS],
-        }
+        } | ({"network": network} if network else {})
     return {"group": {"default": {"targets": sorted(targets)}},
             "target": dict(sorted(targets.items()))}
 
 
 def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
-               registry: str | None = None, compat_dir: Path | None = None) -> Path:
+               registry: str | None = None, compat_dir: Path | None = None,
+               network: str | None = None) -> Path:
     """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
 
     ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
@@ -88,7 +95,7 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
     """
     path = Path(path)
     definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
-                                 compat_dir=compat_dir)
+                                 compat_dir=compat_dir, network=network)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
     staging.write_text(json.dumps(definition, indent=2, sort_keys=True) + "\n", encoding="utf-8")

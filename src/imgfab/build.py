@@ -229,8 +229,9 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         from imgfab import registry  # noqa: PLC0415
 
         assert remote_ref is not None and options.registry
-        credentials = registry.Credentials.load(options.registry, options.registry_user,
-                                                options.registry_password)
+        # --registry may carry a namespace (ghcr.io/<owner>): credentials are the host's.
+        credentials = registry.Credentials.load(options.registry.split("/", 1)[0],
+                                                options.registry_user, options.registry_password)
         built.pushed = registry.push(local_ref, remote_ref, credentials=credentials,
                                      on_line=on_line)
     return built

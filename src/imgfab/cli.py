@@ -395,15 +395,17 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
               help="Registry prefix for base images (default: $IMGFAB_MIRROR).")
 @click.option("--registry", "registry_host", default=lambda: os.environ.get("IMGFAB_REGISTRY"),
               help="Registry the tags point at (default: $IMGFAB_REGISTRY).")
+@click.option("--network", type=click.Choice(["default", "host", "none"]), default=None,
+              help="Network of the build steps (host: reach an index on the build host's loopback).")
 @compat_option
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
-         compat_dir: str | None) -> None:
+         network: str | None, compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
     from imgfab.bake import write_bake
 
     written = write_bake(list(recipes), Path(output), mirror=mirror or None,
                          registry=registry_host or None,
-                         compat_dir=Path(compat_dir) if compat_dir else None)
+                         compat_dir=Path(compat_dir) if compat_dir else None, network=network)
     click.echo(f"wrote {written}")
 
 
@@ -415,12 +417,15 @@ def ci() -> None:
 @ci.command("github")
 @click.argument("recipes", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--registry", "registry_host", default="ghcr.io", show_default=True,
-              help="Registry the tag builds push to.")
-def ci_github(recipes: tuple[str, ...], registry_host: str) -> None:
+              help="Registry the tag builds push to (ghcr.io: under the repository owner).")
+@click.option("--gpu-runner", help="Self-hosted GPU runner label for TensorRT engine recipes "
+                                   "(default: build them with --engine-at-start).")
+def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None) -> None:
     """Print a GitHub Actions workflow: one job per recipe, push on v* tags."""
     from imgfab.ci import github_workflow
 
-    click.echo(github_workflow(list(recipes) or None, registry=registry_host), nl=False)
+    click.echo(github_workflow(list(recipes) or None, registry=registry_host,
+                               gpu_runner=gpu_runner), nl=False)
 
 
 def main() -> None:

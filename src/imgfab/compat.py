@@ -122,6 +122,8 @@ class BackendProfile(Sourced):
     builder_packages: tuple[str, ...]
     weights_required: str
     reason: str
+    # Compilers the backend's kernels need at run time on some GPUs (imgfab.toolchain).
+    jit_toolchains: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -297,7 +299,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
             runtime_toolchain=_tuple(row.get("runtime_toolchain")),
             builder_packages=_tuple(row.get("builder_packages")),
             weights_required=_str(row, "weights_required", "backends.yaml"),
-            reason=str(row.get("reason", "")), **_sourced(row))
+            reason=str(row.get("reason", "")),
+            jit_toolchains=_jit_toolchains(row), **_sourced(row))
         for row in _records(_read(directory, "backends.yaml"), "backends", "backends.yaml")
     }
 
@@ -306,6 +309,15 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     releases=[], profiles=profiles, unconfirmed=unconfirmed)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
+
+
+def _jit_toolchains(row: dict[str, Any]) -> tuple[Any, ...]:
+    from imgfab.toolchain import parse_jit_toolchains  # noqa: PLC0415
+
+    try:
+        return parse_jit_toolchains(row.get("jit_toolchains"), f"backends.yaml {row.get('backend')}")
+    except ValueError as exc:
+        raise MatrixError(str(exc), field="compat/backends.yaml") from None
 
 
 def _opt(value: Any) -> str | None:

@@ -211,10 +211,20 @@ class ServeSpec(_Strict):
 class ImageSpec(_Strict):
     registry: str | None = Field(None, description="Registry host[:port]; default from --registry / IMGFAB_REGISTRY")
     repository: str = Field(description="Repository path, e.g. llm/qwen2-7b")
-    uid: Annotated[int, Field(ge=1000, le=2147483647)] = 10001
+    uid: Annotated[int, Field(ge=1001, le=2147483647)] = Field(
+        10001, description="The non-root runtime user's uid and gid (not 1000: Ubuntu 24.04 "
+                            "bases already have the 'ubuntu' user there)")
     shm_size: str = Field("16g", description="Shared memory for the container, e.g. 16g")
     os: Literal["ubuntu22.04", "ubuntu24.04"] | None = Field(
         None, description="Base OS; default: the newest the stack's Python allows")
+
+    @field_validator("uid", mode="before")
+    @classmethod
+    def _uid(cls, value: Any) -> Any:
+        if value == 1000 and not isinstance(value, bool):
+            raise ValueError("1000 is the 'ubuntu' user of the nvidia/cuda Ubuntu 24.04 bases, so "
+                             "useradd would fail; use 1001 or more (default 10001)")
+        return value
 
     @field_validator("registry")
     @classmethod

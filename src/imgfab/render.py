@@ -38,25 +38,77 @@ def templates_dir() -> Path:
     return Path(str(resources.files("imgfab") / "_data" / "templates"))
 
 
-def dockerfile_value(value: Any) -> str:
-    """The one escaping filter for values that reach a Dockerfile or script.
-
-    Rejects newlines and NULs outright (a newline would start a new instruction) and quotes
-    the value for a double-quoted Dockerfile/shell context.
-    """
-    text = str(value)
+def _no_newline(text: str) -> str:
     if any(ch in text for ch in "\n\r\x00"):
         raise RecipeError("a value contains a newline", field="recipe",
                           fix="remove line breaks from recipe values")
+    return text
+
+
+def _scalar(value: Any, filter_name: str) -> str:
+    """A str or int as text; any other type is a template bug, refused loudly."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"the {filter_name!r} filter takes one str or int, got "
+                        f"{type(value).__name__}: {value!r:.60}")
+    return _no_newline(str(value))
+
+
+def dockerfile_value(value: Any) -> str:
+    """The one escaping filter for values that reach a Dockerfile (``dq``).
+
+    Takes one str or int (anything else is a template bug: ``TypeError``), rejects newlines
+    and NULs outright (a newline would start a new instruction) and quotes the value for a
+    double-quoted Dockerfile/shell context.
+    """
+    text = _scalar(value, "dq")
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
 
 
 def shell_words(argv: list[str]) -> str:
-    """Quote an argv for a POSIX shell, one word per argument."""
+    """Quote an argv for a POSIX shell, one word per argument (``sh``).
+
+    Takes a list or tuple of str only: a plain string would be iterated character by
+    character (``--name q w e n 2``), so it is refused with ``TypeError``; use ``shq``.
+    """
+    if not isinstance(argv, (list, tuple)):
+        raise TypeError(f"the 'sh' filter takes an argv list, got {type(argv).__name__}: "
+                        f"{argv!r:.60}; quote one word with 'shq'")
+    words = []
     for arg in argv:
+        if not isinstance(arg, str):
+            raise TypeError(f"the 'sh' filter takes str arguments, got {type(arg).__name__}: {arg!r:.60}")
         if any(ch in arg for ch in "\n\r\x00"):
             raise RecipeError("a value contains a newline", field="recipe")
-    return " ".join(shlex.quote(arg) for arg in argv)
+        words.append(shlex.quote(arg))
+    return " ".join(words)
+
+
+def shell_word(value: Any) -> str:
+    """One str or int quoted as a single POSIX shell word (``shq``)."""
+    return shlex.quote(_scalar(value, "shq"))
+
+
+def yaml_value(value: Any) -> str:
+    """A value for a YAML document (``yaml``), written by a serializer, never by hand.
+
+    Strings are always double-quoted (JSON is YAML): a name like ``123``, ``on`` or ``0x1f``
+    stays a string. Numbers, booleans and lists/mappings of them are JSON-encoded; ``None``
+    and other types are refused with ``TypeError``.
+    """
+    def check(item: Any) -> None:
+        if item is None or not isinstance(item, (str, int, float, bool, list, tuple, dict)):
+            raise TypeError(f"the 'yaml' filter cannot write {type(item).__name__}: {item!r:.60}")
+        if isinstance(item, (list, tuple)):
+            for element in item:
+                check(element)
+        elif isinstance(item, dict):
+            for key, element in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"the 'yaml' filter takes str keys, got {key!r:.60}")
+                check(element)
+
+    check(value)
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def _environment() -> jinja2.Environment:
@@ -66,7 +118,9 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["dq"] = dockerfile_value
     env.filters["sh"] = shell_words
-    env.filters["json"] = lambda v: json.dumps(v, sort_keys=True)
+    env.filters["shq"] = shell_word
+    env.filters["yaml"] = yaml_value
+    env.filters["json"] = yaml_value
     return env
 
 
@@ -215,7 +269,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     repository = recipe.image.repository
     image_ref = f"{repository}:{tag}"
     commands = serve_commands(recipe, stack)
-    runtime_packages = sorted(profile.runtime_packages)
+    runtime_packages = sorted(stack.runtime_packages)
     context: dict[str, Any] = {
         "imgfab_version": __version__,
         "recipe": recipe.model_dump(mode="json"),
@@ -226,7 +280,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "image_ref": image_ref,
         "builder_packages": sorted(profile.builder_packages),
         "runtime_packages": runtime_packages,
-        "runtime_toolchain": sorted(profile.runtime_toolchain),
+        "runtime_toolchain": sorted(stack.runtime_toolchain),
         "requirements": _requirements(stack),
         "serve_commands": commands,
         "default_preset": recipe.serve.preset,
@@ -239,7 +293,13 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "gpu_count": stack.tensor_parallel * stack.pipeline_parallel,
         "health_path": "/health",
         "engine": _engine_context(plan, recipe),
+        "engine_volume": f"imgfab-{recipe.name}-engines",
+        # --engine-at-start quantizes on first start: the prompts are mounted at run time too.
+        "calibration_mount": trtllm.CALIBRATION_FILE if plan is not None and plan.strategy == "at-start"
+        and recipe.engine.calibration is not None else "",
+        "calibration_dir": trtllm.CALIBRATION_DIR,
     }
+    context["k8s"] = _k8s_context(recipe, stack, labels, matrix, plan)
     env = _environment()
     files: dict[str, str] = {
         "Dockerfile": env.get_template("Dockerfile.j2").render(context),
@@ -264,6 +324,44 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
             files[f"imgfab/{module}"] = source.read_text(encoding="utf-8") if module != "__init__.py" \
                 else '"""imgfab in-image probe (copied from the imgfab package that rendered this image)."""\n'
     return files
+
+
+# Host resources a serving pod requests per GPU: tokenizer and scheduler threads, and host
+# memory to stage the weights while loading them onto the GPU.
+K8S_CPU_PER_GPU = 4
+K8S_MEMORY_PER_GPU_GI = 16
+K8S_ENGINE_STORAGE = "64Gi"
+
+
+def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: Matrix,
+                 plan: trtllm.EnginePlan | None) -> dict[str, Any]:
+    """What k8s.yaml lays out: placement from the image's own rules, requests, claims."""
+    from imgfab.placement import allowed_compute_capabilities, node_affinity_terms  # noqa: PLC0415
+
+    terms = node_affinity_terms(labels, matrix)
+    if not terms:
+        raise RecipeError(f"no GPU in compat/gpus.yaml passes this image's own rules, so a "
+                          f"Kubernetes pod of it could be placed nowhere", field="target.gpu")
+    gpus = stack.tensor_parallel * stack.pipeline_parallel
+    memory_gi = K8S_MEMORY_PER_GPU_GI * gpus + -(-size_bytes(recipe.image.shm_size) // 1024**3)
+    selector = {"app.kubernetes.io/name": recipe.name}
+    at_start = plan is not None and plan.strategy == "at-start"
+    return {
+        "labels": selector | {"app.kubernetes.io/managed-by": "imgfab"},
+        "selector": selector,
+        "compute_capabilities": allowed_compute_capabilities(labels, matrix),
+        "affinity_terms": terms,
+        "cpu_per_gpu": K8S_CPU_PER_GPU,
+        "memory_per_gpu": f"{K8S_MEMORY_PER_GPU_GI}Gi",
+        "requests": {"cpu": str(K8S_CPU_PER_GPU * gpus), "memory": f"{memory_gi}Gi"},
+        "limits": {"memory": f"{memory_gi}Gi", "nvidia.com/gpu": str(gpus)},
+        "weights_claim": f"{recipe.name}-weights",
+        "engine_claim": f"{recipe.name}-engines",
+        "engine_storage": K8S_ENGINE_STORAGE,
+        "calibration_configmap": f"{recipe.name}-calibration",
+        # Model loading takes minutes; an engine compiled on first start takes up to an hour.
+        "startup_failures": 360 if at_start else 90,
+    }
 
 
 def _engine_context(plan: trtllm.EnginePlan | None, recipe: Recipe) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from packaging.version import Version
 from imgfab.compat import BackendRelease, CudaToolkit, Gpu, Matrix
 from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.recipe import Recipe
+from imgfab.toolchain import runtime_plan
 from imgfab.rules import (MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT, check_arch, check_driver,
                           check_precision, compare_versions, nvidia_require_cuda, parse_version)
 
@@ -59,6 +60,9 @@ class Stack:
     builder_image: str
     runtime_image: str
     runtime_flavor: str
+    runtime_packages: tuple[str, ...]
+    runtime_toolchain: tuple[str, ...]  # build tools serving needs at run time (verify allows them)
+    jit: tuple[str, ...]  # run-time compilers the kernels need here (compat/backends.yaml)
     torch: str
     tensorrt: str
     gpu: str
@@ -315,6 +319,17 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     profile = matrix.profiles[release.backend]
     engine = recipe.backend.trtllm_path == "engine"
     rule = matrix.precision_rule(release.backend, precision)
+    plan = runtime_plan(profile, compute_capability=gpu.compute_capability,
+                        kv_cache_dtype=recipe.engine.kv_cache_dtype, precision=precision)
+    if plan.flavor not in image.flavors:
+        raise CompatibilityError(
+            f"{release.backend} {release.version} on {gpu.name} needs a run-time JIT toolchain "
+            f"({', '.join(plan.jit)}: {'; '.join(plan.reasons)}) that only the nvidia/cuda "
+            f"{plan.flavor} flavor carries, and nvidia/cuda {toolkit.version} {image.os} has no "
+            f"{plan.flavor} tag in the matrix",
+            field="engine.kv_cache_dtype" if recipe.engine.kv_cache_dtype != "auto" else "target.gpu",
+            fix="engine.kv_cache_dtype: auto" if recipe.engine.kv_cache_dtype != "auto"
+            else f"add the {toolkit.version}-{plan.flavor}-{image.os} tag to compat/cuda_images.yaml")
     notes = []
     if policy == MINOR_COMPAT:
         notes.append(f"driver floor {fields['floor']} relies on CUDA {toolkit.version.split('.')[0]}.x "
@@ -326,15 +341,19 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
                                     f"gpu {gpu.name}:"))]
     if not profile.confirmed:
         unconfirmed.append(f"backends {release.backend}: {profile.reason}")
+    unconfirmed += plan.unconfirmed
+    notes += [f"runtime carries {name} (nvidia/cuda {plan.flavor}): {reason}"
+              for name, reason in zip(plan.jit, plan.reasons)]
     sources = sorted({release.source, toolkit.source, image.source, gpu.source, profile.source}
-                     | ({rule.source} if rule else set()))
+                     | ({rule.source} if rule else set()) | set(plan.sources))
     torch = fields["torch"]
     return Stack(
         backend=release.backend, backend_version=release.version,
         backend_path=recipe.backend.trtllm_path or "vllm",
         cuda=toolkit.version, cuda_minor=release.cuda, os=image.os, python=fields["os"].python,
-        builder_image=image.ref("devel"), runtime_image=image.ref(profile.runtime_flavor),
-        runtime_flavor=profile.runtime_flavor, torch=torch, tensorrt=release.tensorrt,
+        builder_image=image.ref("devel"), runtime_image=image.ref(plan.flavor),
+        runtime_flavor=plan.flavor, runtime_packages=plan.packages,
+        runtime_toolchain=plan.toolchain, jit=plan.jit, torch=torch, tensorrt=release.tensorrt,
         gpu=gpu.name, compute_capability=gpu.compute_capability, sm=gpu.sm,
         archs=(gpu.compute_capability,) if engine else release.cuda_archs, arch_exact=engine,
         precision=precision,

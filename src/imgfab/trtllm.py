@@ -207,6 +207,11 @@ def _build_argv(recipe: Recipe, checkpoint: str, out: str, *, strip: bool) -> li
     return argv + (["--strip_plan"] if strip else [])
 
 
+def served_model_name(recipe: Recipe) -> str:
+    """The name /v1/models answers with: the recipe's ``serve.served_model_name``, else its name."""
+    return recipe.serve.served_model_name or recipe.name
+
+
 def max_num_tokens(recipe: Recipe) -> int:
     """The engine's token budget per step: the recipe's, else trtllm-build's default 8192."""
     return recipe.engine.max_num_tokens or 8192
@@ -225,13 +230,22 @@ def engine_plan(recipe: Recipe, stack: Stack, *, strategy: str = "two-phase",
     trt = tensorrt_pin(stack)
     key = engine_cache_key(stack.compute_capability, trt, stack.backend_version, digest)
     cache_dir = f"{ENGINE_CACHE}/{key}"
+    # trtllm-serve has no served-name option: it names the model after the directory it serves
+    # (tensorrt_llm/serve/openai_server.py: model_dir.name), so the engine directory is named
+    # after the served model name and /v1/models answers with it.
+    if "/" in served_model_name(recipe):
+        raise RecipeError(f"the engine directory is named after the served model name "
+                          f"{served_model_name(recipe)!r}, which cannot hold a '/'",
+                          field="serve.served_model_name", fix="a name without '/', e.g. "
+                          + served_model_name(recipe).rsplit("/", 1)[-1])
+    served_engine = f"{cache_dir}/{served_model_name(recipe)}"
     runtime_checkpoint = f"{recipe.model.mount_path}/{CHECKPOINT_SUBDIR}/{key[:16]}/checkpoint"
     checkpoint = _checkpoint_argv(recipe, stack, f"{COMPILE_OUT}/checkpoint")
     build = _build_argv(recipe, f"{COMPILE_OUT}/checkpoint", f"{COMPILE_OUT}/engine", strip=True)
     start_checkpoint = _checkpoint_argv(recipe, stack, f"{cache_dir}/checkpoint")
-    start_build = _build_argv(recipe, f"{cache_dir}/checkpoint", f"{cache_dir}/engine", strip=False)
+    start_build = _build_argv(recipe, f"{cache_dir}/checkpoint", served_engine, strip=False)
     refit = ["trtllm-refit", "--engine_dir", ENGINE_IN_IMAGE, "--checkpoint_dir", runtime_checkpoint,
-             "--output_dir", f"{cache_dir}/engine"]
+             "--output_dir", served_engine]
     for argv in (checkpoint, start_checkpoint):
         check_argv(argv, flags, QUANTIZE_TABLE)
     for argv in (build, start_build):
@@ -253,7 +267,7 @@ def engine_plan(recipe: Recipe, stack: Stack, *, strategy: str = "two-phase",
                       cache_dir=cache_dir, checkpoint_argv=checkpoint, build_argv=build,
                       start_checkpoint_argv=start_checkpoint, start_build_argv=start_build,
                       refit_argv=refit, runtime_checkpoint=runtime_checkpoint,
-                      served_engine=f"{cache_dir}/engine", tensorrt=trt,
+                      served_engine=served_engine, tensorrt=trt,
                       flags_confirmed=flags.confirmed, flags_note=_flags_note(flags), labels=labels)
 
 
@@ -274,6 +288,14 @@ def serve_argv(recipe: Recipe, stack: Stack, limits: dict[str, Any], *,
     cannot serve a batch, token budget or sequence longer than it was built for.
     """
     engine = stack.backend_path == "engine"
+    name = served_model_name(recipe)
+    if not engine and recipe.model.mount_path.rsplit("/", 1)[-1] != name:
+        raise RecipeError(
+            f"trtllm-serve names the model after the directory it serves "
+            f"({recipe.model.mount_path.rsplit('/', 1)[-1]!r}), not {name!r}, and has no option to "
+            f"rename it", field="model.mount_path",
+            fix=f"mount the weights at /models/{name} (or set serve.served_model_name to the "
+                f"mount directory's name)")
     max_len = recipe.serve.max_model_len or recipe.engine.max_seq_len
     tokens = limits["max_num_batched_tokens"]
     if engine:

@@ -123,7 +123,7 @@ def policy_for(recipe: Any, stack: Any, matrix: Any,
     return VerifyPolicy(
         mount_path=recipe.model.mount_path,
         required_labels={k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")},
-        declared_toolchain=tuple(sorted(profile.runtime_toolchain)),
+        declared_toolchain=tuple(sorted(stack.runtime_toolchain)),
         secrets={name: Path(path).read_bytes() for name, path in sorted((secrets or {}).items())
                  if Path(path).is_file() and Path(path).stat().st_size > 0})
 

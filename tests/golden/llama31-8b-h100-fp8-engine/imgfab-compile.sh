@@ -15,7 +15,7 @@ case "${1:-}" in
         ;;
     at-start)
         checkpoint=(python3 /opt/imgfab/bin/imgfab-quantize.py --model_dir /models/llama3.1-8b --output_dir /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/checkpoint --dtype bfloat16 --qformat fp8 --tp_size 1 --pp_size 1 --kv_cache_dtype fp8 --calib_dataset /run/imgfab/calibration --calib_size 512)
-        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/checkpoint --output_dir /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/engine --max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --gemm_plugin auto)
+        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/checkpoint --output_dir /var/cache/imgfab/engines/808f849918a4876c7b15fa1dc27c25f4a83f4d033e2f6fbe0bd33045157aa8c9/llama3.1-8b --max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --gemm_plugin auto)
         ;;
     *)
         echo "usage: imgfab-compile two-phase|at-start [--print]" >&2

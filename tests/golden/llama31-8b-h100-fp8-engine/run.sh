@@ -1,15 +1,29 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run llama31-8b-h100-fp8-engine with the settings it was built for.
-# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] ./run.sh
+# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
+#        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
 IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.1-sm90-fp8-engine}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
-# shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
-exec docker run --rm --name l l a m a 3 1 - 8 b - h 1 0 0 - f p 8 - e n g i n e \
-    --gpus c o u n t = 1 \
-    --shm-size 1 6 g \
-    --ulimit memlock=-1 --ulimit stack=67108864 \
-    -p 8000:8000 \
-    -e IMGFAB_PRESET="${IMGFAB_PRESET:-chat}" \
-    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly" \
-    "$IMAGE"
+no_comma() {
+    case "$1" in
+        *,*) echo "run.sh: $1: a path with a comma cannot be bind-mounted with --mount; move or link it" >&2; exit 2 ;;
+    esac
+}
+no_comma "$WEIGHTS_DIR"
+
+args=(
+    --rm --name llama31-8b-h100-fp8-engine
+    # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
+    --gpus count=1
+    --shm-size 16g
+    --ulimit memlock=-1 --ulimit stack=67108864
+    --publish "${HOST_PORT:-8000}:8000"
+    --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
+    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly"
+    # A named volume outlives --rm (only anonymous volumes go with the container): the refitted
+    # or compiled engine is reused by the next start instead of being rebuilt.
+    --mount "type=volume,source=${ENGINE_VOLUME:-imgfab-llama31-8b-h100-fp8-engine-engines},target=/var/cache/imgfab/engines"
+)
+exec docker run "${args[@]}" "$IMAGE" "$@"

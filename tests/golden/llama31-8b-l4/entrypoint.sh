@@ -5,11 +5,34 @@
 # Arguments, if any, replace the server command.
 set -euo pipefail
 
+# Until the final exec, this bash is PID 1, which gets no default signal handlers: without
+# these traps SIGTERM (docker stop, a pod's deletion) would wait for SIGKILL while the probe
+# or an engine refit/compile runs. `step` runs each one in the background; `wait` returns as
+# soon as a trapped signal arrives, and the trap passes the signal on, waits, and exits.
+child=0
+forward() {
+    if [ "$child" -ne 0 ]; then
+        kill "-$1" "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
+    exit "$2"
+}
+trap 'forward TERM 143' TERM
+trap 'forward INT 130' INT
+step() {
+    "$@" &
+    child=$!
+    local status=0
+    wait "$child" || status=$?
+    child=0
+    return "$status"
+}
+
 # Probe verdicts: 3 (host is wrong) and 4 (image is wrong) refuse to start with the probe's
 # one-line reason; 5 (cannot check, e.g. no GPU visible) is reported and serving is attempted.
 if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
     probe_status=0
-    imgfab-probe || probe_status=$?
+    step imgfab-probe || probe_status=$?
     case "$probe_status" in
         0) ;;
         5) echo "imgfab: the probe could not check this host (exit 5); starting anyway" >&2 ;;

@@ -1,15 +1,25 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run llama31-8b-l4 with the settings it was built for.
-# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] ./run.sh
+# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
 IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.1-sm89}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
-# shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
-exec docker run --rm --name l l a m a 3 1 - 8 b - l 4 \
-    --gpus c o u n t = 1 \
-    --shm-size 8 g \
-    --ulimit memlock=-1 --ulimit stack=67108864 \
-    -p 8000:8000 \
-    -e IMGFAB_PRESET="${IMGFAB_PRESET:-long-context}" \
-    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly" \
-    "$IMAGE"
+no_comma() {
+    case "$1" in
+        *,*) echo "run.sh: $1: a path with a comma cannot be bind-mounted with --mount; move or link it" >&2; exit 2 ;;
+    esac
+}
+no_comma "$WEIGHTS_DIR"
+
+args=(
+    --rm --name llama31-8b-l4
+    # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
+    --gpus count=1
+    --shm-size 8g
+    --ulimit memlock=-1 --ulimit stack=67108864
+    --publish "${HOST_PORT:-8000}:8000"
+    --env "IMGFAB_PRESET=${IMGFAB_PRESET:-long-context}"
+    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly"
+)
+exec docker run "${args[@]}" "$IMAGE" "$@"

@@ -1,15 +1,25 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run mistral-7b-a100-trtllm with the settings it was built for.
-# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] ./run.sh
+# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
 IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.1-sm80}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"
-# shm for NCCL/torch IPC across 2 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
-exec docker run --rm --name m i s t r a l - 7 b - a 1 0 0 - t r t l l m \
-    --gpus c o u n t = 2 \
-    --shm-size 3 2 g \
-    --ulimit memlock=-1 --ulimit stack=67108864 \
-    -p 8000:8000 \
-    -e IMGFAB_PRESET="${IMGFAB_PRESET:-chat}" \
-    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/mistral-7b,readonly" \
-    "$IMAGE"
+no_comma() {
+    case "$1" in
+        *,*) echo "run.sh: $1: a path with a comma cannot be bind-mounted with --mount; move or link it" >&2; exit 2 ;;
+    esac
+}
+no_comma "$WEIGHTS_DIR"
+
+args=(
+    --rm --name mistral-7b-a100-trtllm
+    # shm for NCCL/torch IPC across 2 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
+    --gpus count=2
+    --shm-size 32g
+    --ulimit memlock=-1 --ulimit stack=67108864
+    --publish "${HOST_PORT:-8000}:8000"
+    --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
+    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/mistral-7b,readonly"
+)
+exec docker run "${args[@]}" "$IMAGE" "$@"

@@ -1,15 +1,25 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run qwen2-7b-h100 with the settings it was built for.
-# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] ./run.sh
+# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
 IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.19.1-cu12.8.1-sm90-fp8}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
-# shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
-exec docker run --rm --name q w e n 2 - 7 b - h 1 0 0 \
-    --gpus c o u n t = 1 \
-    --shm-size 1 6 g \
-    --ulimit memlock=-1 --ulimit stack=67108864 \
-    -p 8000:8000 \
-    -e IMGFAB_PRESET="${IMGFAB_PRESET:-chat}" \
-    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly" \
-    "$IMAGE"
+no_comma() {
+    case "$1" in
+        *,*) echo "run.sh: $1: a path with a comma cannot be bind-mounted with --mount; move or link it" >&2; exit 2 ;;
+    esac
+}
+no_comma "$WEIGHTS_DIR"
+
+args=(
+    --rm --name qwen2-7b-h100
+    # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
+    --gpus count=1
+    --shm-size 16g
+    --ulimit memlock=-1 --ulimit stack=67108864
+    --publish "${HOST_PORT:-8000}:8000"
+    --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
+    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"
+)
+exec docker run "${args[@]}" "$IMAGE" "$@"

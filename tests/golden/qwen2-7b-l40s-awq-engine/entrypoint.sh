@@ -5,11 +5,34 @@
 # Arguments, if any, replace the server command.
 set -euo pipefail
 
+# Until the final exec, this bash is PID 1, which gets no default signal handlers: without
+# these traps SIGTERM (docker stop, a pod's deletion) would wait for SIGKILL while the probe
+# or an engine refit/compile runs. `step` runs each one in the background; `wait` returns as
+# soon as a trapped signal arrives, and the trap passes the signal on, waits, and exits.
+child=0
+forward() {
+    if [ "$child" -ne 0 ]; then
+        kill "-$1" "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
+    exit "$2"
+}
+trap 'forward TERM 143' TERM
+trap 'forward INT 130' INT
+step() {
+    "$@" &
+    child=$!
+    local status=0
+    wait "$child" || status=$?
+    child=0
+    return "$status"
+}
+
 # Probe verdicts: 3 (host is wrong) and 4 (image is wrong) refuse to start with the probe's
 # one-line reason; 5 (cannot check, e.g. no GPU visible) is reported and serving is attempted.
 if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
     probe_status=0
-    imgfab-probe || probe_status=$?
+    step imgfab-probe || probe_status=$?
     case "$probe_status" in
         0) ;;
         5) echo "imgfab: the probe could not check this host (exit 5); starting anyway" >&2 ;;
@@ -23,7 +46,7 @@ fi
 
 # The TensorRT engine lives in the cache volume under its key (GPU compute capability,
 # TensorRT, TensorRT-LLM, recipe hash); .imgfab-ready marks a complete one, reused afterwards.
-engine_dir=/var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/engine
+engine_dir=/var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/qwen2-7b-awq
 if [ ! -f "$engine_dir/.imgfab-ready" ]; then
     rm -rf "$engine_dir"
     mkdir -p /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4
@@ -32,16 +55,20 @@ if [ ! -f "$engine_dir/.imgfab-ready" ]; then
         echo "imgfab: no TensorRT-LLM checkpoint at /models/qwen2-7b/imgfab-trtllm/f10ea317de6ca018/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
         exit 2
     fi
-    trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/qwen2-7b/imgfab-trtllm/f10ea317de6ca018/checkpoint --output_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/engine
+    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/qwen2-7b/imgfab-trtllm/f10ea317de6ca018/checkpoint --output_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/qwen2-7b-awq
+    if [ ! -d "$engine_dir" ]; then
+        echo "imgfab: no engine at $engine_dir after the refit" >&2
+        exit 1
+    fi
     touch "$engine_dir/.imgfab-ready"
 fi
 
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec trtllm-serve /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 32 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
+        exec trtllm-serve /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 32 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
         ;;
     long-context)
-        exec trtllm-serve /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/engine --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
+        exec trtllm-serve /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2

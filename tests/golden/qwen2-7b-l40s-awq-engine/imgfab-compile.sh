@@ -15,7 +15,7 @@ case "${1:-}" in
         ;;
     at-start)
         checkpoint=(python3 /opt/imgfab/bin/imgfab-quantize.py --model_dir /models/qwen2-7b --output_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/checkpoint --dtype float16 --qformat int4_awq --tp_size 1 --pp_size 1 --calib_dataset /run/imgfab/calibration --calib_size 256)
-        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/checkpoint --output_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/engine --max_batch_size 32 --max_input_len 2048 --max_seq_len 4096 --max_num_tokens 8192 --gemm_plugin auto)
+        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/checkpoint --output_dir /var/cache/imgfab/engines/f10ea317de6ca0182d20ff6e66d6c26d5591a8dea05711698c20c4ca70fc51f4/qwen2-7b-awq --max_batch_size 32 --max_input_len 2048 --max_seq_len 4096 --max_num_tokens 8192 --gemm_plugin auto)
         ;;
     *)
         echo "usage: imgfab-compile two-phase|at-start [--print]" >&2
