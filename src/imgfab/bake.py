@@ -15,6 +15,10 @@ Build secrets come from the environment of the ``bake`` process, by content, so 
 variable is simply an absent secret (``netenv.sh`` tests ``-s``), never a failed build:
 ``IMGFAB_CA_CERT_PEM`` (a PEM bundle → secret ``ca-cert``) and ``IMGFAB_PIP_CONF`` (a pip.conf
 → secret ``pip-conf``). E.g. ``IMGFAB_CA_CERT_PEM="$(cat "$IMGFAB_CA_CERT")" docker buildx bake …``.
+
+Build steps run on the builder's default network: an index on the build host must listen on
+an address containers reach (the bridge gateway), not loopback. buildx 0.13 reads no
+``network`` from a JSON bake file (the field is HCL-only there), so none is written.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ def mirrored(ref: str, mirror: str | None) -> str:
 
 
 def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
-                    registry: str | None = None, compat_dir: Path | None = None,
-                    network: str | None = None) -> dict[str, Any]:
+                    registry: str | None = None,
+                    compat_dir: Path | None = None) -> dict[str, Any]:
     """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict).
 
     Raises :class:`RecipeError` / :class:`CompatibilityError` as ``imgfab render`` does, and
@@ -80,14 +84,13 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
                      "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)},
             "tags": [f"{repository}:{image_tag(recipe, stack)}"],
             "secret": [f"type=env,id={sid},env={var}" for sid, var in SECRETS],
-        } | ({"network": network} if network else {})
+        }
     return {"group": {"default": {"targets": sorted(targets)}},
             "target": dict(sorted(targets.items()))}
 
 
 def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
-               registry: str | None = None, compat_dir: Path | None = None,
-               network: str | None = None) -> Path:
+               registry: str | None = None, compat_dir: Path | None = None) -> Path:
     """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
 
     ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
@@ -95,7 +98,7 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
     """
     path = Path(path)
     definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
-                                 compat_dir=compat_dir, network=network)
+                                 compat_dir=compat_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
     staging.write_text(json.dumps(definition, indent=2, sort_keys=True) + "\n", encoding="utf-8")

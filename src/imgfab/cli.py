@@ -395,17 +395,15 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
               help="Registry prefix for base images (default: $IMGFAB_MIRROR).")
 @click.option("--registry", "registry_host", default=lambda: os.environ.get("IMGFAB_REGISTRY"),
               help="Registry the tags point at (default: $IMGFAB_REGISTRY).")
-@click.option("--network", type=click.Choice(["default", "host", "none"]), default=None,
-              help="Network of the build steps (host: reach an index on the build host's loopback).")
 @compat_option
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
-         network: str | None, compat_dir: str | None) -> None:
+         compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
     from imgfab.bake import write_bake
 
     written = write_bake(list(recipes), Path(output), mirror=mirror or None,
                          registry=registry_host or None,
-                         compat_dir=Path(compat_dir) if compat_dir else None, network=network)
+                         compat_dir=Path(compat_dir) if compat_dir else None)
     click.echo(f"wrote {written}")
 
 

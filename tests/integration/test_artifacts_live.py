@@ -1,0 +1,201 @@
+"""The rendered run artifacts used for real on the local stack (light payload).
+
+- ``docker-compose up`` of the rendered compose.yaml serves and passes the smoke client's
+  health, model-list and completion checks, with the read-only root and tmpfs it declares.
+  This engine has no GPU and refuses ``memlock=-1``: the file that comes up is the rendered
+  one as ``docker-compose config`` resolves it, less the GPU reservation, with memlock at this
+  engine's hard limit (compose 1.29 merges an override's ``devices`` list into the base's
+  instead of replacing it, so an override file cannot drop the reservation).
+- ``docker buildx bake`` (Debian 13's docker-buildx, docker driver on this engine) builds the
+  whole example fleet from ``imgfab bake`` output.
+
+Both use their own repositories (``imgfab-test/...``): no example recipe's tag moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+
+if not os.environ.get("DOCKER_HOST"):
+    if os.environ.get("CI") == "true":
+        pytest.fail("DOCKER_HOST is unset under CI=true: the integration stack is missing",
+                    pytrace=False)
+    pytest.skip("DOCKER_HOST unset: source .stack/env to run the integration tests",
+                allow_module_level=True)
+
+DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
+MIRROR = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([DOCKER, *args], capture_output=True, text=True, check=check)
+
+
+def _pins(recipes: list[Path]) -> dict[str, set[str]]:
+    """Every pin the recipes' rendered requirements name (one fake index serves the fleet)."""
+    from imgfab.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.render import render_context
+    from imgfab.resolve import resolve
+    import re
+
+    matrix = load_matrix()
+    pins: dict[str, set[str]] = {}
+    for path in recipes:
+        recipe = load_recipe(path)
+        files = render_context(recipe, resolve(recipe, matrix).stack, matrix)
+        for line in files["requirements.txt"].splitlines():
+            match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
+            if match:
+                pins.setdefault(match.group(1).lower(), set()).add(match.group(2))
+    return pins
+
+
+def _copy_recipe(recipe: Path, directory: Path, repository: str) -> Path:
+    data = yaml.safe_load(recipe.read_text())
+    data["image"]["repository"] = repository
+    copy = directory / recipe.name
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    """One fake index for the fleet on 127.0.0.1 (`imgfab build --network host`)."""
+    from fake_payload import serve_index
+
+    with serve_index(_pins(RECIPES), tmp_path_factory.mktemp("index")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def bridge_index(tmp_path_factory):
+    """The same index on the engine's bridge gateway: bake's build steps run on the default
+    network, where the build host's loopback is not the host's."""
+    from fake_payload import serve_index
+
+    gateway = _docker("network", "inspect", "bridge", "--format",
+                      "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+    with serve_index(_pins(RECIPES), tmp_path_factory.mktemp("bridge-index"), host=gateway) as url:
+        yield url, gateway
+
+
+def _build(recipe: Path, out: Path, index_url: str) -> dict:
+    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    result = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
+         index_url, "--network", "host", "--mirror", MIRROR, "--output", str(out)],
+        capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def _weights(directory: Path, name: str) -> Path:
+    weights = directory / name
+    weights.mkdir(parents=True)
+    (weights / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}\n')
+    (weights / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    weights.chmod(0o755)
+    return weights
+
+
+@pytest.mark.parametrize("recipe_name", ["qwen2-7b-h100", "mistral-7b-a100-trtllm"])
+def test_compose_up_serves_and_smokes(recipe_name, index, tmp_path):
+    from imgfab.recipe import load_recipe
+    from imgfab.smoke import free_port, run_smoke
+
+    recipe_path = _copy_recipe(REPO / "recipes" / f"{recipe_name}.yaml", tmp_path,
+                               f"imgfab-test/compose-{recipe_name}")
+    recipe = load_recipe(recipe_path)
+    built = _build(recipe_path, tmp_path / "ctx", index)
+    assert built["verify"]["passed"], built["verify"]
+    # The weights directory is named like the mount, as the server sees it.
+    weights = _weights(tmp_path / "host", recipe.model.mount_path.rsplit("/", 1)[1])
+    port = free_port()
+    env = dict(os.environ, WEIGHTS_DIR=str(weights), HOST_PORT=str(port))
+    compose = ["docker-compose", "--project-name", f"imgfab-test-{uuid.uuid4().hex[:8]}"]
+    resolved = subprocess.run(compose + ["-f", str(tmp_path / "ctx" / "compose.yaml"), "config"],
+                              env=env, capture_output=True, text=True, check=True).stdout
+    config = yaml.safe_load(resolved)
+    service = config["services"][recipe.name]
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    del service["deploy"]  # no GPU on this engine
+    hard = subprocess.run(["sh", "-c", "ulimit -Hl"], capture_output=True, text=True).stdout.strip()
+    service["ulimits"]["memlock"] = -1 if hard == "unlimited" else int(hard) * 1024
+    local = tmp_path / "ctx" / "compose.local.yaml"
+    local.write_text(yaml.safe_dump(config, sort_keys=False))
+    up = subprocess.run(compose + ["-f", str(local), "up", "--detach", "--no-build"], env=env,
+                        capture_output=True, text=True, timeout=300)
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        report = run_smoke(f"http://127.0.0.1:{port}", health_timeout_s=90, poll_interval_s=0.5,
+                           model=recipe.serve.served_model_name)
+        logs = subprocess.run(compose + ["-f", str(local), "logs", "--no-color"], env=env,
+                              capture_output=True, text=True).stdout
+        assert report.passed, (report.failures, logs[-3000:])
+        assert report.model_ids == [recipe.serve.served_model_name]
+        (container,) = subprocess.run(compose + ["-f", str(local), "ps", "-q"], env=env,
+                                      capture_output=True, text=True, check=True).stdout.split()
+        host_config = json.loads(_docker("inspect", container).stdout)[0]["HostConfig"]
+        assert host_config["ReadonlyRootfs"] is True
+        assert set(host_config["Tmpfs"]) == {"/tmp", "/home/imgfab"}
+        from imgfab.render import size_bytes
+
+        assert host_config["ShmSize"] == size_bytes(recipe.image.shm_size)
+        writable = _docker("exec", container, "sh", "-c",
+                           "touch /home/imgfab/x /tmp/x && ! touch /opt/x 2>/dev/null && echo ok",
+                           check=False)
+        assert writable.stdout.strip() == "ok", writable.stderr
+    finally:
+        subprocess.run(compose + ["-f", str(local), "down", "--volumes", "--timeout", "30"],
+                       env=env, capture_output=True, text=True)
+
+
+def test_buildx_bake_builds_the_example_fleet(bridge_index, tmp_path):
+    buildx = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docker-buildx"))
+    assert Path(buildx).exists(), "docker-buildx missing: scripts/local-stack.sh up installs it"
+    prefix = f"imgfab-test/bake-{uuid.uuid4().hex[:6]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "bake", *map(str, RECIPES), "-o",
+         "out/docker-bake.json", "--mirror", MIRROR, "--registry", prefix],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    definition = json.loads((tmp_path / "out" / "docker-bake.json").read_text())
+    assert len(definition["target"]) == len(RECIPES)
+    index, gateway = bridge_index
+    pip_conf = f"[global]\nindex-url = {index}\ntrusted-host = {gateway}\ntimeout = 5\nretries = 0\n"
+    env = dict(os.environ, IMGFAB_PIP_CONF=pip_conf)
+    baked = subprocess.run([buildx, "bake", "-f", "out/docker-bake.json", "--progress", "plain"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800)
+    assert baked.returncode == 0, baked.stderr[-4000:]
+    tags = []
+    try:
+        for name, target in definition["target"].items():
+            (tag,) = target["tags"]
+            tags.append(tag)
+            labels = json.loads(_docker("image", "inspect", tag).stdout)[0]["Config"]["Labels"]
+            rendered = json.loads((tmp_path / target["context"] / "image.json").read_text())
+            assert {k: labels.get(k) for k in rendered} == rendered, name
+            if labels["org.imgfab.backend.path"] == "engine":  # rendered for --engine-at-start
+                assert labels["org.imgfab.engine.strategy"] == "at-start"
+        # The fleet shares its base and payload layers where the stacks agree.
+        assert len(tags) == len(RECIPES)
+    finally:
+        for tag in tags:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _docker("image", "rm", tag)
