@@ -301,6 +301,7 @@ def doctor(image: str | None, as_json: bool) -> None:
               help="--smoke: keep the engine's memlock ulimit (engines that cannot raise it).")
 @click.option("--engine-at-start", is_flag=True,
               help="TensorRT engine path: compile on first start on the target host, into a cache volume.")
+@click.option("--no-cache", is_flag=True, help="Run every build step afresh (no BuildKit cache).")
 @click.option("--engine-out", type=click.Path(file_okay=False),
               help="TensorRT engine path, two-phase: directory for the compiled checkpoint (holds weights).")
 @compat_option
@@ -308,7 +309,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
-          no_memlock: bool, engine_at_start: bool, engine_out: str | None, compat_dir: str | None) -> None:
+          no_memlock: bool, engine_at_start: bool, no_cache: bool, engine_out: str | None,
+          compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     if bake_file:
         from imgfab.bake import write_bake
@@ -327,7 +329,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            smoke_memlock=not no_memlock,
                            compat_dir=Path(compat_dir) if compat_dir else None,
                            compile="at-start" if engine_at_start else "auto",
-                           engine_out=Path(engine_out) if engine_out else None)
+                           engine_out=Path(engine_out) if engine_out else None,
+                           no_cache=no_cache)
     results = []
     for path in recipes:
         context = None

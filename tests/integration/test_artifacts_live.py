@@ -166,6 +166,7 @@ def test_compose_up_serves_and_smokes(recipe_name, index, tmp_path):
                        env=env, capture_output=True, text=True)
 
 
+@pytest.mark.engine_crash_risk
 def test_buildx_bake_builds_the_example_fleet(bridge_index, tmp_path):
     buildx = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docker-buildx"))
     assert Path(buildx).exists(), "docker-buildx missing: scripts/local-stack.sh up installs it"
