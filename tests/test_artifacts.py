@@ -455,3 +455,33 @@ def test_k8s_placement_is_selects_rules(name, strategy, matrix, tmp_path):
             assert _node_matches(terms, node) == rules, (gpu.name, driver)
             admitted += rules
     assert admitted, "no node at all would take this pod"
+
+
+# --- the filters -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("filter_name", "value"), [
+    ("sh", "qwen2-7b"),          # a string iterated as an argv: `--name q w e n 2`
+    ("sh", ["ok", 3]),
+    ("shq", ["a", "b"]),
+    ("shq", None),
+    ("dq", ["a"]),
+    ("dq", True),
+    ("yaml", None),
+    ("yaml", {1: "a"}),
+    ("yaml", object()),
+])
+def test_filters_refuse_a_value_of_the_wrong_type(filter_name, value):
+    from imgfab.render import _environment
+
+    with pytest.raises(TypeError):
+        _environment().filters[filter_name](value)
+
+
+def test_filters_quote_what_they_take():
+    from imgfab.render import _environment
+
+    filters = _environment().filters
+    assert filters["sh"](["a b", "$x"]) == "'a b' '$x'"
+    assert filters["shq"]("it's") == "'it'\"'\"'s'"
+    assert filters["yaml"]("on") == '"on"' and yaml.safe_load(filters["yaml"]("0x1f")) == "0x1f"
+    assert filters["dq"]('a"$`b') == '"a\\"\\$\\`b"'
