@@ -512,7 +512,10 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     sources = sorted({release.source, toolkit.source, image.source, gpu.source, profile.source}
                      | ({rule.source} if rule else set())
                      | ({torch_row.source} | ({torch_row.fatbin_source} if torch_row.fatbin_source else set())
-                        if torch_row else set()))
+                        if torch_row else set())
+                     | ({matrix.toolkits[runtime].source} if runtime in matrix.toolkits else set())
+                     | ({matrix.runtimes[torch_row.cuda_runtime].source}
+                        if torch_row and torch_row.cuda_runtime in matrix.runtimes else set()))
     torch = fields["torch"]
     return Stack(
         backend=release.backend, backend_version=release.version,
