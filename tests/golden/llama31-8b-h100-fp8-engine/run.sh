@@ -2,7 +2,7 @@
 # Rendered by imgfab 0.1.0: run llama31-8b-h100-fp8-engine with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] ./run.sh
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.1-sm90-fp8-engine}"
+IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
 exec docker run --rm --name l l a m a 3 1 - 8 b - h 1 0 0 - f p 8 - e n g i n e \
