@@ -117,6 +117,7 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.backend.version": stack.backend_version,
         f"{p}.backend.path": stack.backend_path,
         f"{p}.cuda": stack.cuda,
+        f"{p}.cuda.runtime": stack.payload_runtime_toolkit,  # the payload's newest CUDA runtime (issue 10)
         f"{p}.os": stack.os,
         f"{p}.python": stack.python,
         f"{p}.torch": stack.torch,

@@ -93,6 +93,7 @@ class Stack:
     torch_archs: tuple[str, ...]  # SASS (and "+PTX" entries) measured in torch's CUDA library
     backend_archs: tuple[str, ...]  # SASS measured in the backend's own CUDA library
     image_eol: bool
+    cuda_compat: str  # "drop": the runtime stage removes /usr/local/cuda/compat; "keep": forward-compat
     notes: tuple[str, ...]
     sources: tuple[str, ...]
     unconfirmed: tuple[str, ...]
@@ -538,6 +539,7 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         torch_index=torch_row.index if torch_row else "",
         torch_archs=(tuple(torch_row.sass) + tuple(f"{a}+PTX" for a in torch_row.ptx)) if torch_row else (),
         backend_archs=release.fatbin_sass, image_eol=image.eol,
+        cuda_compat="keep" if policy == FORWARD_COMPAT else "drop",
         notes=tuple(notes), sources=tuple(sources), unconfirmed=tuple(unconfirmed))
 
 
