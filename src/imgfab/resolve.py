@@ -479,7 +479,10 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     payload: Payload = fields["payload"]
     floors = fields["floors"]
     notes = []
-    if floors.get("runtime"):
+    if floors.get("runtime") and floors["from"].startswith("the image's"):
+        notes.append(f"strict driver floor {floors[STRICT]}: {release.backend} links the image's CUDA "
+                     f"{toolkit.version} ({profile.runtime_flavor} image), the newest runtime in the payload")
+    elif floors.get("runtime"):
         notes.append(f"strict driver floor {floors[STRICT]} comes from {floors['from']} → CUDA "
                      f"{floors['runtime']}, not from the base image's CUDA {toolkit.version}")
     for missing in payload.unknown:
