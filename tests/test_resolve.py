@@ -301,3 +301,20 @@ def test_supported_tags_are_preferred_over_end_of_life(matrix):
                                        backend__version="==0.8.5.post1", target__driver=">=550.54.15")),
                   matrix).stack
     assert eol.cuda == "12.4.1" and not eol.image_eol
+
+
+def test_forward_compat_on_a_datacenter_branch_keeps_cuda_compat(matrix):
+    recipe = _vllm_bf16("H100-SXM", "535.104.05", target__driver_policy="forward-compat")
+    stack = resolve(parse_recipe(recipe), matrix).stack
+    assert stack.driver_policy == "forward-compat" and stack.cuda_compat == "keep"
+    assert stack.nvidia_require_cuda == "cuda>=11.0" and stack.driver_floor == "535"
+    assert any("reaches end of life 2026-06" in n for n in stack.notes)
+    strict = resolve(parse_recipe(_vllm_bf16("H100-SXM", "580.95.05")), matrix).stack
+    assert strict.cuda_compat == "drop"
+
+
+def test_forward_compat_is_refused_on_geforce_and_unlisted_branches(matrix):
+    error = _fails(matrix, _vllm_bf16("RTX-4090", "535.104.05", target__driver_policy="forward-compat"))
+    assert "RTX-4090 is not a datacenter GPU" in str(error)
+    error = _fails(matrix, _vllm_bf16("H100-SXM", "550.54.15", target__driver_policy="forward-compat"))
+    assert "driver branch R550 is not a forward-compatibility branch" in str(error)

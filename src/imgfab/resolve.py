@@ -276,7 +276,9 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
                 verdict = check_forward_compat(
                     driver, cuda=cuda, datacenter=gpu.datacenter, gpu=gpu.name,
                     branches=[(b.branch, list(b.forward_compat_cuda)) for b in matrix.driver_branches])
-                floor = floors[STRICT]
+                # The floor label is the oldest branch that runs this CUDA by forward compatibility.
+                listed = [b.branch for b in matrix.driver_branches if major_minor(cuda) in b.forward_compat_cuda]
+                floor = min(listed, key=parse_version) if listed else floors[STRICT]
             else:
                 floor = floors[policy]
                 if not floor:
@@ -493,6 +495,9 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     if policy == FORWARD_COMPAT:
         notes.append(f"forward-compat: runs on driver {driver} through the image's cuda-compat package "
                      f"(/usr/local/cuda/compat kept); datacenter GPUs only; strict floor would be {floors[STRICT]}")
+        branch = next((b for b in matrix.driver_branches if b.branch == driver.split(".")[0]), None)
+        if branch is not None and branch.end_of_life:
+            notes.append(f"driver branch R{branch.branch} ({branch.kind}) reaches end of life {branch.end_of_life}")
     if fields.get("eol_only"):
         notes.append(f"only an end-of-life tag fits: {image.ref(profile.runtime_flavor)} (NVIDIA deletes "
                      "end-of-life tags six months after end of life; mirror it)")
