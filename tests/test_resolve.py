@@ -318,3 +318,12 @@ def test_forward_compat_is_refused_on_geforce_and_unlisted_branches(matrix):
     assert "RTX-4090 is not a datacenter GPU" in str(error)
     error = _fails(matrix, _vllm_bf16("H100-SXM", "550.54.15", target__driver_policy="forward-compat"))
     assert "driver branch R550 is not a forward-compatibility branch" in str(error)
+
+
+def test_only_an_end_of_life_tag_fits_and_the_stack_says_so(matrix):
+    """TensorRT-LLM links the devel image's CUDA: on 590.44.01 strict only 13.1.0 (EOL) fits."""
+    recipe = _recipe("mistral-7b-a100-trtllm", target__driver=">=590.44.01", target__driver_policy="strict")
+    stack = resolve(parse_recipe(recipe), matrix).stack
+    assert (stack.cuda, stack.image_eol, stack.driver_floor) == ("13.1.0", True, "590.44.01")
+    assert any(n.startswith("only an end-of-life tag fits: nvidia/cuda:13.1.0-devel-ubuntu24.04")
+               for n in stack.notes)
