@@ -85,5 +85,15 @@ def test_measure_script_reads_dists_and_fatbins_of_a_site_packages(tmp_path):
                           capture_output=True, env={**os.environ, "IMGFAB_SITE": str(site)}, check=True)
     data = json.loads(done.stdout)
     assert data["dists"] == {"nvidia-cuda-runtime-cu12": "12.8.90"}
+    assert data["torch_lib"] is True
     assert data["libraries"] == {"torch": {"path": "torch/lib/libtorch_cuda.so", "sass": ["8.0", "9.0"],
                                            "ptx": ["9.0"], "blobs": 1}}
+
+
+def test_a_stand_in_payload_is_noted_not_failed_but_a_cpu_torch_fails(l4_stack):
+    stack, matrix = l4_stack
+    fake = payload.compare(stack, matrix, payload.Measured(dists={}, libraries={}, torch_lib=False))
+    assert fake.mismatches == [] and "stand-in payload" in fake.notes[0]
+    cpu = payload.compare(stack, matrix, payload.Measured(dists={}, libraries={}, torch_lib=True))
+    assert cpu.mismatches[0].startswith("no nvidia-cuda-runtime distribution in the image (a CPU-only "
+                                        "torch?), the matrix predicted 12.8.90")

@@ -57,7 +57,8 @@ def _measure(wanted):
                 libraries[key] = {"path": rel, "sass": sorted_archs(found.sass),
                                   "ptx": sorted_archs(found.ptx), "blobs": found.blobs}
             break
-    return {"site": site, "dists": dict(sorted(dists.items())), "libraries": libraries}
+    return {"site": site, "dists": dict(sorted(dists.items())), "libraries": libraries,
+            "torch_lib": os.path.isdir(os.path.join(site, "torch", "lib"))}
 
 print(json.dumps(_measure(json.loads(sys.argv[1]))))
 '''
@@ -74,6 +75,13 @@ def measure_script() -> str:
 class Measured:
     dists: dict[str, str]
     libraries: dict[str, dict[str, Any]]
+    torch_lib: bool = True  # site-packages/torch/lib exists (any real torch build, CPU or CUDA)
+
+    @property
+    def stand_in(self) -> bool:
+        """No torch/lib and no nvidia-* distribution: a stand-in payload (the test index's empty
+        torch), not a torch build. A CPU-only torch still has torch/lib and is measured (and fails)."""
+        return not self.torch_lib and not self.dists and not self.libraries
 
     @property
     def cuda_runtime(self) -> str:
@@ -106,6 +114,10 @@ def _runtime_of(stack: dict[str, Any], matrix: Any) -> str:
 def compare(stack: dict[str, Any], matrix: Any, measured: Measured) -> Comparison:
     """Predicted (the resolved stack and its matrix rows) vs measured (inside the image)."""
     result = Comparison()
+    if measured.stand_in:
+        result.notes.append("payload not measured: no torch/lib, no nvidia-* distribution and no CUDA "
+                            "library in the image (a stand-in payload, not a torch build)")
+        return result
     torch_row = f"compat/torch.yaml torch {stack.get('torch')}"
     backend_file = {"vllm": "vllm.yaml", "tensorrt-llm": "tensorrt_llm.yaml"}[stack["backend"]]
     backend_row = f"compat/{backend_file} {stack['backend']} {stack['backend_version']}"
@@ -117,8 +129,9 @@ def compare(stack: dict[str, Any], matrix: Any, measured: Measured) -> Compariso
         result.mismatches.append(f"the image brings CUDA runtime {actual} (nvidia-cuda-runtime), the "
                                  f"matrix predicted {predicted}: fix cuda_runtime of {torch_row}")
     elif predicted and not actual:
-        result.mismatches.append(f"no nvidia-cuda-runtime distribution in the image, the matrix "
-                                 f"predicted {predicted}: fix cuda_runtime of {torch_row}")
+        result.mismatches.append(f"no nvidia-cuda-runtime distribution in the image (a CPU-only torch?), "
+                                 f"the matrix predicted {predicted}: check that the pip index serves "
+                                 f"torch's CUDA build, or fix cuda_runtime of {torch_row}")
 
     torch = matrix.torch.get(stack["torch"]) if stack.get("torch") else None
     release = next((r for r in matrix.releases if r.backend == stack["backend"]
@@ -158,7 +171,7 @@ def measure_image(ref: str, backend: str, *, engine: Any = None) -> Measured:
     wanted = [("torch", LIBRARIES["torch"]), (backend, LIBRARIES.get(backend, ()))]
     output = engine.run_python(ref, measure_script(), [json.dumps(wanted)])
     data = json.loads(output.strip().splitlines()[-1])
-    return Measured(dists=data["dists"], libraries=data["libraries"])
+    return Measured(dists=data["dists"], libraries=data["libraries"], torch_lib=data.get("torch_lib", True))
 
 
 def check_image(ref: str, stack: dict[str, Any], matrix: Any, *, engine: Any = None) -> Comparison:
