@@ -52,10 +52,16 @@ def write_labels(tmp_path: Path, model_dir: Path):
     return write
 
 
+NATIVE_580 = probe.CudaMode(kernel_driver="580.95.05",
+                            libcuda_path="/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+                            libcuda_version="580.95.05", libcuda_cuda="13.0")
+
+
 def run(image_json: str, *, nvml=None, cuda=None, **kwargs) -> probe.ProbeReport:
     nvml = FakeNvml() if nvml is None else nvml
     cuda = FakeCuda(count=len(nvml.gpus)) if cuda is None else cuda
     kwargs.setdefault("shm_path", os.path.dirname(image_json))  # a real filesystem
+    kwargs.setdefault("cuda_mode", NATIVE_580)
     return probe.run_probe(image_json, nvml=nvml, cuda=cuda, **kwargs)
 
 
@@ -66,7 +72,7 @@ def lines_of(report: probe.ProbeReport, check: str) -> list[str]:
 def test_passing_host(write_labels):
     report = run(write_labels())
     assert report.exit_code == 0, report.lines()
-    assert [f.status for f in report.findings] == ["PASS"] * 6
+    assert [f.status for f in report.findings] == ["PASS"] * 7
     assert report.host.driver == "580.95.05"
     assert lines_of(report, "driver") == [
         "PASS driver: driver 580.95.05 ≥ 570.124.06 (CUDA 12.8.1, strict)"]
@@ -155,12 +161,12 @@ def test_missing_image_json_is_image_wrong(tmp_path):
 
 
 def test_no_nvml_cannot_check(write_labels):
-    report = probe.run_probe(write_labels(), nvml=None, cuda=FakeCuda(),
+    report = probe.run_probe(write_labels(), nvml=None, cuda=FakeCuda(), cuda_mode=None,
                              shm_path=os.path.dirname(write_labels()))
     assert report.exit_code == probe.EXIT_CANNOT_CHECK
     assert {f.verdict.check: f.status for f in report.findings} == {
-        "driver": "NOT RUN", "arch": "NOT RUN", "precision": "NOT RUN", "cuda": "NOT RUN",
-        "shm": "PASS", "weights": "PASS"}
+        "driver": "NOT RUN", "mode": "SKIP", "arch": "NOT RUN", "precision": "NOT RUN",
+        "cuda": "NOT RUN", "shm": "PASS", "weights": "PASS"}
     assert "start the container with --gpus all" in lines_of(report, "driver")[0]
 
 
@@ -257,7 +263,7 @@ def test_cli_json_report_and_exit_code(write_labels, capsys, monkeypatch):
     assert code == report["exit_code"] == 3
     assert report["host"]["gpus"] == [
         {"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}]
-    assert [c["status"] for c in report["checks"]] == ["FAIL", "PASS", "PASS", "PASS", "SKIP",
+    assert [c["status"] for c in report["checks"]] == ["FAIL", "SKIP", "PASS", "PASS", "PASS", "SKIP",
                                                        "PASS"]
 
 
@@ -290,3 +296,56 @@ def test_unknown_kernel_archs_are_skipped_not_passed(write_labels):
     assert report.exit_code == 0, report.lines()
     assert lines_of(report, "arch") == [
         "SKIP arch: the image's kernel architectures are unknown (unconfirmed matrix row): not checked"]
+
+
+# --- mode: which compatibility mode the container really runs in ---------------------------------
+
+def _facts(write_labels, **labels) -> probe.ImageFacts:
+    return probe.load_image_facts(write_labels(**labels))
+
+
+def test_mode_forward_compat_fails_a_strict_image(write_labels):
+    compat = probe.CudaMode(kernel_driver="535.104.05",
+                            libcuda_path="/usr/local/cuda-12.8/compat/libcuda.so.570.124.06",
+                            libcuda_version="570.124.06", libcuda_cuda="12.8")
+    [finding] = probe.check_mode(_facts(write_labels), compat)
+    assert finding.status == "FAIL" and "runs in forward-compat" in finding.verdict.reason
+    assert "kernel driver 535.104.05, libcuda 570.124.06" in finding.verdict.reason
+    assert "/usr/local/cuda/compat" in finding.verdict.fix
+
+
+def test_mode_native_and_minor_compat(write_labels):
+    [native] = probe.check_mode(_facts(write_labels), NATIVE_580)
+    assert native.status == "PASS" and "runs native" in native.verdict.reason
+    old = probe.CudaMode(kernel_driver="535.104.05",
+                         libcuda_path="/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
+                         libcuda_version="535.104.05", libcuda_cuda="12.2")
+    [strict] = probe.check_mode(_facts(write_labels), old)
+    assert strict.status == "FAIL" and "runs in minor-compat" in strict.verdict.reason
+
+
+def test_mode_skips_without_libcuda(write_labels):
+    [finding] = probe.check_mode(_facts(write_labels), None)
+    assert finding.status == "SKIP"
+
+
+def test_read_cuda_mode_parses_proc_files(tmp_path, monkeypatch):
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
+                       "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Sep 25 2025\n")
+    maps = tmp_path / "maps"
+    lib = tmp_path / "compat" / "libcuda.so.590.48.01"
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    maps.write_text(f"7f00-7f01 r-xp 00000000 08:01 1 {lib}\n")
+
+    class FakeLib:
+        def cuDriverGetVersion(self, out):
+            out._obj.value = 13010
+            return 0
+
+    import ctypes
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib())
+    mode = probe.read_cuda_mode(str(version), str(maps))
+    assert mode.kernel_driver == "580.95.05" and mode.libcuda_version == "590.48.01"
+    assert mode.libcuda_cuda == "13.1" and mode.mode == "forward-compat"

@@ -96,6 +96,8 @@ def test_fixture_versions_cover_the_committed_files() -> None:
     recorded = {p.name[: -len(".METADATA")] for p in (FIXTURES / "metadata").iterdir()}
     for name in FILES:
         for version, row in R.read_records(COMPAT / name).items():
+            if (row.get("index") or R.PYPI_INDEX) != R.PYPI_INDEX:
+                continue  # a hand-kept row from another index (torch 2.9.1+cu130): nothing to record
             filename = row["source"].split()[1]
             assert filename in recorded, f"{name} {version}: {filename} not recorded"
 

@@ -169,3 +169,161 @@ def test_a_later_os_can_fit_when_the_first_cannot(matrix):
     newest = max(fitting, key=Version)
     assert fitting[newest]["os"].name == "ubuntu22.04"
     assert fitting[newest]["toolkit"].version.startswith("12.4.")
+
+
+# --- issue 10: the payload decides (torch's CUDA runtime and code, per-GPU driver minimum) -------
+
+def _fails(matrix, recipe: dict) -> CompatibilityError:
+    with pytest.raises(CompatibilityError) as caught:
+        resolve(parse_recipe(recipe), matrix)
+    return caught.value
+
+
+def _vllm_bf16(gpu: str, driver: str, **changes) -> dict:
+    return _recipe("llama31-8b-l4", target__gpu=gpu, target__driver=f">={driver}", **changes)
+
+
+def test_b200_with_vllm_0_10_1_is_refused_for_torch_kernels(matrix):
+    """vLLM 0.10.1 ships sm_100, but its torch 2.7.1 (PyPI, cu126) has no sm_100 code."""
+    error = _fails(matrix, _vllm_bf16("B200", "580.65.06", backend__version="==0.10.1"))
+    assert "vllm 0.10.1: B200 (compute capability 10.0) has no code in torch 2.7.1" in str(error)
+    assert "sm_90; PTX none" in str(error)
+    assert error.fix.startswith("backend.version: '==0.19.1'")
+
+
+def test_tensorrt_llm_on_b200_570_never_pairs_torch_2_7_1(matrix):
+    recipe = _recipe("mistral-7b-a100-trtllm", target__gpu="B200", target__driver=">=570.124.06",
+                     target__driver_policy=None, backend__version=None)
+    error = _fails(matrix, recipe)
+    reasons = dict(error.rejections)
+    assert "has no code in torch 2.7.1" in reasons["tensorrt-llm 1.0.0"]
+    assert "590.48.01" in str(error)  # 1.2.x: CUDA 13.1 toolkit in the payload
+    assert error.fix.startswith("raise target.driver to ≥ 580.95.05 (tensorrt-llm 1.1.0")
+
+
+def test_rtx5090_needs_r570(matrix):
+    error = _fails(matrix, _vllm_bf16("RTX-5090", "560.35.03"))
+    assert "RTX-5090 (blackwell) needs driver ≥ 570.26 (R570)" in str(error)
+    assert error.field == "target.driver"
+    assert error.fix.startswith("raise target.driver to ≥ 570.124.06")
+
+
+def test_h100_strict_floor_is_the_payload_runtime_not_the_image_patch(matrix):
+    """torch 2.8–2.10 bring cudart 12.8.90 (CUDA 12.8.1: 570.124.06), so 570.86.15 gets torch 2.7.1."""
+    stack = resolve(parse_recipe(_recipe(target__driver=">=570.86.15", target__driver_policy="strict")),
+                    matrix).stack
+    assert (stack.backend_version, stack.torch) == ("0.10.1.1", "2.7.1")
+    assert (stack.payload_runtime, stack.payload_runtime_toolkit) == ("12.6.77", "12.6.2")
+    assert stack.strict_floor == stack.driver_floor == "560.35.03"
+    assert any("comes from torch 2.7.1 (CUDA runtime 12.6.77)" in n for n in stack.notes)
+
+
+def test_l40s_strict_580_65_06_stays_on_cuda_12_8_runtime(matrix):
+    """torch 2.11+ bring CUDA 13.0.2/13.0.3 (580.95.05): too new for 580.65.06 under strict."""
+    stack = resolve(parse_recipe(_vllm_bf16("L40S", "580.65.06", target__driver_policy="strict")),
+                    matrix).stack
+    assert (stack.backend_version, stack.torch, stack.payload_runtime) == ("0.19.1", "2.10.0", "12.8.90")
+    assert stack.driver_floor == "570.124.06"
+    rejected = resolve(parse_recipe(_vllm_bf16("L40S", "580.65.06")), matrix).rejections
+    reasons = {r.candidate.split(" (")[0]: r.reason for r in rejected}
+    assert "580.95.05" in reasons["vllm 0.33.0"] and "torch 2.14.0 (CUDA runtime 13.0.3)" in reasons["vllm 0.33.0"]
+
+
+def test_t4_on_r470_names_the_smallest_driver_upgrade(matrix):
+    """The cheapest real fix: vLLM 0.8.5.post1 + torch 2.6.0 (cudart 12.4.127 → CUDA 12.4.1)."""
+    error = _fails(matrix, _vllm_bf16("T4", "470.82.01", engine__dtype="float16"))
+    assert error.fix.startswith("raise target.driver to ≥ 550.54.15 (vllm 0.8.5.post1, torch 2.6.0")
+
+
+def test_vllm_0_9_2_nvfp4_needs_8_0(matrix):
+    error = _fails(matrix, _vllm_bf16("T4", "580.65.06", backend__version="==0.9.2",
+                                      engine__quantization="nvfp4", engine__dtype="float16"))
+    assert "vllm 0.9.2: nvfp4 needs compute capability ≥ 8.0; T4 is 7.5" in str(error)
+    stack = resolve(parse_recipe(_vllm_bf16("A100-80GB", "580.65.06", backend__version="==0.9.2",
+                                            engine__quantization="nvfp4")), matrix).stack
+    assert stack.backend_version == "0.9.2"
+    assert "nvfp4 on sm_80 runs weight-only (Marlin W4A16); native NVFP4 needs compute capability ≥ 10.0" \
+        in stack.notes
+
+
+def test_nvfp4_on_hopper_says_weight_only(matrix):
+    stack = resolve(parse_recipe(_vllm_bf16("H100-SXM", "580.65.06", engine__quantization="nvfp4")),
+                    matrix).stack
+    assert "nvfp4 on sm_90 runs weight-only (Marlin W4A16); native NVFP4 needs compute capability ≥ 10.0" \
+        in stack.notes
+
+
+@pytest.mark.parametrize("name", ["llama31-8b-h100-fp8-engine", "mistral-7b-a100-trtllm",
+                                  "qwen2-7b-l40s-awq-engine"])
+def test_tensorrt_llm_examples_get_a_cuda13_torch(matrix, name):
+    stack = resolve(parse_recipe(_recipe(name)), matrix).stack
+    assert stack.torch == "2.9.1+cu130"
+    assert stack.torch_index == "https://download.pytorch.org/whl/cu130"
+    assert matrix.torch[stack.torch].cuda.startswith("13.")
+
+
+def test_pypi_torch_is_never_paired_with_tensorrt_llm_1_2(matrix):
+    release = next(r for r in matrix.backend_releases("tensorrt-llm") if r.version == "1.2.1")
+    from imgfab.resolve import _torch_pin
+    assert _torch_pin(matrix, release) == "2.9.1+cu130"
+    vllm = next(r for r in matrix.backend_releases("vllm") if r.version == "0.16.0")
+    assert _torch_pin(matrix, vllm) == "2.9.1"  # vLLM installs PyPI's torch, not the cu130 build
+
+
+@pytest.mark.parametrize("gpu", ["GH200", "GB200", "GB300"])
+def test_aarch64_superchips_are_refused_in_one_line(matrix, gpu):
+    with pytest.raises(RecipeError) as caught:
+        resolve(parse_recipe(_recipe(target__gpu=gpu)), matrix)
+    assert caught.value.field == "target.gpu"
+    assert "aarch64" in str(caught.value) and "linux/amd64" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_resolve_json_shows_payload_runtime_and_floor(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from imgfab.cli import cli
+
+    result = CliRunner().invoke(cli, ["resolve", str(REPO / "recipes" / "llama31-8b-l4.yaml"), "--json"])
+    assert result.exit_code == 0, result.output
+    stack = json.loads(result.output)["stack"]
+    assert stack["payload_runtime"] == "12.8.90" and stack["payload_runtime_toolkit"] == "12.8.1"
+    assert stack["strict_floor"] == "570.124.06"
+    assert "torch 2.10.0" in stack["payload_runtime_from"]
+
+
+def test_supported_tags_are_preferred_over_end_of_life(matrix):
+    stack = resolve(parse_recipe(_recipe("llama31-8b-l4")), matrix).stack
+    assert stack.cuda == "12.8.2" and not stack.image_eol
+    eol = resolve(parse_recipe(_recipe("llama31-8b-l4", image__os="ubuntu22.04",
+                                       backend__version="==0.8.5.post1", target__driver=">=550.54.15")),
+                  matrix).stack
+    assert eol.cuda == "12.4.1" and not eol.image_eol
+
+
+def test_forward_compat_on_a_datacenter_branch_keeps_cuda_compat(matrix):
+    recipe = _vllm_bf16("H100-SXM", "535.104.05", target__driver_policy="forward-compat")
+    stack = resolve(parse_recipe(recipe), matrix).stack
+    assert stack.driver_policy == "forward-compat" and stack.cuda_compat == "keep"
+    assert stack.nvidia_require_cuda == "cuda>=11.0" and stack.driver_floor == "535"
+    assert any("reaches end of life 2026-06" in n for n in stack.notes)
+    strict = resolve(parse_recipe(_vllm_bf16("H100-SXM", "580.95.05")), matrix).stack
+    assert strict.cuda_compat == "drop"
+
+
+def test_forward_compat_is_refused_on_geforce_and_unlisted_branches(matrix):
+    error = _fails(matrix, _vllm_bf16("RTX-4090", "535.104.05", target__driver_policy="forward-compat"))
+    assert "RTX-4090 is not a datacenter GPU" in str(error)
+    error = _fails(matrix, _vllm_bf16("H100-SXM", "550.54.15", target__driver_policy="forward-compat"))
+    assert "driver branch R550 is not a forward-compatibility branch" in str(error)
+
+
+def test_only_an_end_of_life_tag_fits_and_the_stack_says_so(matrix):
+    """TensorRT-LLM links the devel image's CUDA: on 590.44.01 strict only 13.1.0 (EOL) fits."""
+    recipe = _recipe("mistral-7b-a100-trtllm", target__driver=">=590.44.01", target__driver_policy="strict")
+    stack = resolve(parse_recipe(recipe), matrix).stack
+    assert (stack.cuda, stack.image_eol, stack.driver_floor) == ("13.1.0", True, "590.44.01")
+    assert any(n.startswith("only an end-of-life tag fits: nvidia/cuda:13.1.0-devel-ubuntu24.04")
+               for n in stack.notes)

@@ -213,9 +213,20 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         for ref in tags:  # a rejected image keeps no name that could be pushed or run
             engine.remove_image(ref)
         raise
+    # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
+    # a disagreement rejects the image like verify does, and the measured values become labels.
+    from imgfab import payload  # noqa: PLC0415
+    try:
+        measured = payload.check_image(local_ref, stack.to_dict(), matrix)
+    except ValidationFailed:
+        for ref in tags:
+            engine.remove_image(ref)
+        raise
+    relabelled = engine.add_labels(local_ref, measured.labels, tags)
+    report.notes.extend(measured.notes)
     size = int(engine.inspect_image(local_ref).get("Size") or 0)
     built = BuiltImage(
-        recipe=recipe.name, context=str(context), image_id=result.image_id, tags=tags,
+        recipe=recipe.name, context=str(context), image_id=relabelled or result.image_id, tags=tags,
         size_bytes=size, duration_s=round(result.duration_s, 2), steps=len(result.steps),
         cached_steps=result.cached_steps,
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},

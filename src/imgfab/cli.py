@@ -359,11 +359,17 @@ def compat() -> None:
 @compat.command("refresh")
 @click.option("--compat-dir", type=click.Path(file_okay=False, exists=True), default="compat",
               show_default=True, help="The compat/ directory to regenerate in place.")
-def compat_refresh(compat_dir: str) -> None:
-    """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata."""
+@click.option("--payload-cache", type=click.Path(file_okay=False), default=".cache/imgfab/payload",
+              show_default=True, help="Where the architectures read from wheels are cached.")
+@click.option("--no-fatbin", is_flag=True,
+              help="Do not read GPU code from wheels; carry fatbin_* fields over.")
+def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool) -> None:
+    """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata and wheel GPU code."""
     from imgfab.refresh import refresh
+    from imgfab.wheel_payload import PayloadCache
 
-    changes = refresh(Path(compat_dir))
+    read_archs = None if no_fatbin else PayloadCache(Path(payload_cache)).archs
+    changes = refresh(Path(compat_dir), read_archs=read_archs)
     for line in changes:
         click.echo(line)
     if not changes:

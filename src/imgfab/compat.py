@@ -46,10 +46,23 @@ class MinorCompat(Sourced):
 
 
 @dataclass(frozen=True)
+class CudaRuntime(Sourced):
+    """A CUDA runtime (cudart) component version → the toolkit release that first ships it.
+
+    The strict driver floor of a payload is that toolkit's ``min_driver``.
+    """
+
+    cudart: str
+    toolkit: str
+
+
+@dataclass(frozen=True)
 class CudaImage(Sourced):
     cuda: str
     os: str
     flavors: tuple[str, ...]
+    eol: bool = False  # NVIDIA marks the tag end-of-life (deleted from Docker Hub six months later)
+    platforms: tuple[str, ...] = ("linux/amd64",)
 
     def ref(self, flavor: str) -> str:
         """Upstream reference, e.g. ``nvidia/cuda:12.8.1-devel-ubuntu22.04``."""
@@ -69,6 +82,10 @@ class Gpu(Sourced):
     compute_capability: str
     architecture: str
     memory_gib: float
+    min_driver: str = ""  # the oldest driver that supports this GPU at all (Blackwell: R570)
+    min_driver_source: str = ""
+    cpu_arch: str = "x86_64"  # hosts this GPU comes in (GH200/GB200/GB300: aarch64 superchips)
+    datacenter: bool = True  # forward compatibility is supported on datacenter GPUs only
 
     @property
     def sm(self) -> str:
@@ -84,13 +101,21 @@ class PrecisionRule(Sourced):
     excluded_compute_capabilities: tuple[str, ...]
     supported: bool
     note: str
+    backend_versions: str = ""  # PEP 440 specifier of backend releases the rule covers ("" = all)
+    native_min_compute_capability: str | None = None  # below it (≥ min) the precision is weight-only
+    fallback: str = ""  # what runs below native, e.g. "Marlin W4A16"
 
 
 @dataclass(frozen=True)
 class TorchRelease(Sourced):
-    version: str
+    version: str  # a local label names a non-PyPI build: 2.9.1+cu130
     cuda: str
     python: str
+    index: str = "https://pypi.org/simple"
+    cuda_runtime: str = ""  # nvidia-cuda-runtime (cudart) pin, or the cuda-toolkit release pinned
+    sass: tuple[str, ...] = ()  # measured in libtorch_cuda.so (compat refresh)
+    ptx: tuple[str, ...] = ()
+    fatbin_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +134,10 @@ class BackendRelease(Sourced):
     base_image: str = ""
     system_packages: tuple[str, ...] = ()
     note: str = ""
+    torch_index: str = "https://pypi.org/simple"  # where its torch comes from (install guide)
+    fatbin_sass: tuple[str, ...] = ()  # measured in the wheel's own CUDA library (compat refresh)
+    fatbin_ptx: tuple[str, ...] = ()
+    fatbin_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,6 +166,8 @@ class Matrix:
     torch: dict[str, TorchRelease]
     releases: list[BackendRelease]
     profiles: dict[str, BackendProfile]
+    runtimes: dict[str, CudaRuntime] = field(default_factory=dict)
+    driver_branches: list["DriverBranch"] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
 
@@ -148,10 +179,24 @@ class Matrix:
                 return gpu
         return None
 
-    def precision_rule(self, backend: str, precision: str) -> PrecisionRule | None:
+    def precision_rule(self, backend: str, precision: str, version: str = "") -> PrecisionRule | None:
+        """The rule for ``precision`` under ``backend`` (at ``version``, when rules are per range).
+
+        A rule with ``backend_versions`` applies only to releases inside it; the first matching
+        rule in file order wins, so a version-ranged rule is listed before the open-ended one.
+        """
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
         for rule in self.precisions:
-            if rule.backend == backend and rule.precision == precision:
-                return rule
+            if rule.backend != backend or rule.precision != precision:
+                continue
+            if rule.backend_versions and version and \
+                    not SpecifierSet(rule.backend_versions).contains(Version(version), prereleases=True):
+                continue
+            if rule.backend_versions and not version:
+                continue
+            return rule
         return None
 
     def image(self, cuda: str, os_name: str) -> CudaImage | None:
@@ -159,6 +204,16 @@ class Matrix:
             if image.cuda == cuda and image.os == os_name:
                 return image
         return None
+
+    def runtime_toolkit(self, runtime: str) -> CudaToolkit | None:
+        """The toolkit whose driver a payload's CUDA runtime needs: ``12.8.90`` → 12.8.1.
+
+        ``runtime`` is a cudart component version (``runtimes`` table) or, for torch ≥ 2.11,
+        the ``cuda-toolkit`` release it pins (a ``toolkits`` row).
+        """
+        if runtime in self.runtimes:
+            return self.toolkits.get(self.runtimes[runtime].toolkit)
+        return self.toolkits.get(runtime)
 
     def patches(self, cuda_minor: str) -> list[CudaToolkit]:
         """Toolkit releases of one major.minor, newest first."""
@@ -171,6 +226,16 @@ class Matrix:
 
         found = [r for r in self.releases if r.backend == backend]
         return sorted(found, key=lambda r: Version(r.version), reverse=True)
+
+
+@dataclass(frozen=True)
+class DriverBranch(Sourced):
+    """A datacenter driver branch and the CUDA majors it runs under forward compatibility."""
+
+    branch: str  # "535"
+    kind: str  # lts | production | feature
+    forward_compat_cuda: tuple[str, ...]  # CUDA majors.minors the cuda-compat package supports
+    end_of_life: str = ""
 
 
 def _read(directory: Path, name: str) -> dict[str, Any]:
@@ -232,6 +297,19 @@ def load_matrix(directory: Path | None = None) -> Matrix:
         toolkits[version] = CudaToolkit(version=version, min_driver=_opt(row.get("min_driver")) or "",
                                         **_sourced(row))
         note("cuda", version, row)
+    runtimes = {
+        _str(row, "cudart", "cuda.yaml runtimes"): CudaRuntime(
+            cudart=str(row["cudart"]), toolkit=_str(row, "toolkit", "cuda.yaml runtimes"), **_sourced(row))
+        for row in cuda.get("runtimes") or [] if row.get("source")
+    }
+    for row in cuda.get("runtimes") or []:
+        note("cudart", str(row.get("cudart")), row)
+    driver_branches = [
+        DriverBranch(branch=_str(row, "branch", "cuda.yaml driver_branches"), kind=str(row.get("kind", "")),
+                     forward_compat_cuda=_tuple(row.get("forward_compat_cuda")),
+                     end_of_life=str(row.get("end_of_life") or ""), **_sourced(row))
+        for row in cuda.get("driver_branches") or [] if row.get("source")
+    ]
     minor_compat = {
         int(row["cuda_major"]): MinorCompat(cuda_major=int(row["cuda_major"]),
                                             min_driver=_str(row, "min_driver", "minor compat"),
@@ -241,7 +319,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
 
     images_data = _read(directory, "cuda_images.yaml")
     images = [CudaImage(cuda=_str(row, "cuda", "cuda_images.yaml"), os=_str(row, "os", "cuda_images.yaml"),
-                        flavors=_tuple(row.get("flavors")), **_sourced(row))
+                        flavors=_tuple(row.get("flavors")), eol=bool(row.get("eol", False)),
+                        platforms=_tuple(row.get("platforms")) or ("linux/amd64",), **_sourced(row))
               for row in _records(images_data, "images", "cuda_images.yaml")]
     os_releases = {
         _str(row, "name", "cuda_images.yaml os"): OsRelease(name=str(row["name"]),
@@ -254,7 +333,11 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     gpus = [Gpu(name=_str(row, "name", "gpus.yaml"), aliases=_tuple(row.get("aliases")),
                 compute_capability=_str(row, "compute_capability", f"gpu {row.get('name')}"),
                 architecture=str(row.get("architecture", "")),
-                memory_gib=float(row.get("memory_gib") or 0), **_sourced(row))
+                memory_gib=float(row.get("memory_gib") or 0),
+                min_driver=str(row.get("min_driver") or ""),
+                min_driver_source=str(row.get("min_driver_source") or ""),
+                cpu_arch=str(row.get("cpu_arch") or "x86_64"),
+                datacenter=bool(row.get("datacenter", True)), **_sourced(row))
             for row in gpu_rows]
     for row in gpu_rows:
         note("gpu", str(row.get("name")), row)
@@ -266,6 +349,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                       max_compute_capability=_opt(row.get("max_compute_capability")),
                       excluded_compute_capabilities=_tuple(row.get("excluded_compute_capabilities")),
                       supported=bool(row.get("supported", True)), note=str(row.get("note", "")),
+                      backend_versions=str(row.get("backend_versions") or ""),
+                      native_min_compute_capability=_opt(row.get("native_min_compute_capability")),
+                      fallback=str(row.get("fallback") or ""),
                       **_sourced(row))
         for row in _records(_read(directory, "precisions.yaml"), "precisions", "precisions.yaml")
     ]
@@ -273,9 +359,14 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     torch = {
         _str(row, "version", "torch.yaml"): TorchRelease(
             version=str(row["version"]), cuda=_str(row, "cuda", f"torch {row['version']}"),
-            python=str(row.get("python", "")), **_sourced(row))
+            python=str(row.get("python", "")), index=str(row.get("index") or "https://pypi.org/simple"),
+            cuda_runtime=str(row.get("cuda_runtime") or ""), sass=_tuple(row.get("fatbin_sass")),
+            ptx=_tuple(row.get("fatbin_ptx")), fatbin_source=str(row.get("fatbin_source") or ""),
+            **_sourced(row))
         for row in _records(_read(directory, "torch.yaml"), "releases", "torch.yaml")
     }
+    for row in _read(directory, "torch.yaml")["releases"]:
+        note("torch", str(row["version"]), row)
 
     releases: list[BackendRelease] = []
     for backend, filename in (("vllm", "vllm.yaml"), ("tensorrt-llm", "tensorrt_llm.yaml")):
@@ -289,7 +380,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                 python_versions=_tuple(row.get("python_classifiers")),
                 tensorrt=str(row.get("tensorrt") or ""), base_image=str(row.get("base_image") or ""),
                 system_packages=_tuple(row.get("system_packages")), note=str(row.get("note", "")),
-                **_sourced(row)))
+                torch_index=str(row.get("torch_index") or "https://pypi.org/simple"),
+                fatbin_sass=_tuple(row.get("fatbin_sass")), fatbin_ptx=_tuple(row.get("fatbin_ptx")),
+                fatbin_source=str(row.get("fatbin_source") or ""), **_sourced(row)))
             note(backend, version, row)
 
     profiles = {
@@ -306,7 +399,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
 
     matrix = Matrix(toolkits=toolkits, minor_compat=minor_compat, images=images,
                     os_releases=os_releases, gpus=gpus, precisions=precisions, torch=torch,
-                    releases=[], profiles=profiles, unconfirmed=unconfirmed)
+                    releases=[], profiles=profiles, runtimes=runtimes,
+                    driver_branches=driver_branches, unconfirmed=unconfirmed)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
 

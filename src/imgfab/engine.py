@@ -7,6 +7,7 @@ the fix. ``docker`` is imported inside the functions, so importing this module c
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -498,3 +499,40 @@ def compile_caps() -> tuple[bool, bool]:
     info = docker_info()
     gpu_visible = "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs"))
     return False, gpu_visible
+
+
+def run_python(image: str, script: str, args: list[str] | tuple[str, ...] = (), *,
+               timeout_s: int = 600) -> str:
+    """Run ``script`` with the image's ``/opt/venv/bin/python`` (stdin, no network, no GPU) and
+    return its stdout. Raises :class:`EngineError` with the gist of stderr on failure."""
+    cli = os.environ.get("IMGFAB_DOCKER_CLI") or shutil.which("docker") or "docker"
+    command = [cli, "run", "--rm", "-i", "--network", "none", "--entrypoint", "/opt/venv/bin/python",
+               image, "-", *args]
+    try:
+        done = subprocess.run(command, input=script, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineError(f"docker run {image} failed: {_one_line(exc)}", field="engine",
+                          fix="check the engine (DOCKER_HOST) and run again") from None
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise EngineError(f"python in {image} exited {done.returncode}: {tail}", field="engine",
+                          fix="see the message; the image's /opt/venv must have a working python")
+    return done.stdout
+
+
+def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, ...]) -> str:
+    """A child of ``image`` that differs only in ``labels`` (no layer), tagged ``tags``.
+
+    Built from a two-line Dockerfile on stdin; returns the new image id. Raises EngineError.
+    """
+    lines = [f"FROM {image}"]
+    if labels:
+        lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
+    command = [docker_cli(), "build", "--quiet", *(arg for t in tags for arg in ("--tag", t)), "-"]
+    done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          env=_build_env(), timeout=300, check=False)
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise EngineError(f"labelling {image} failed: {tail}", field="engine", fix="see the message")
+    return done.stdout.strip()

@@ -14,6 +14,11 @@ default ``/opt/imgfab/image.json``, flag ``--image-json PATH``.
 Checks, each printed as one line (``PASS``/``FAIL``/``NOT RUN``/``SKIP``) with the fix:
 
 ``driver``     host driver (NVML ``nvmlSystemGetDriverVersion``) vs ``driver.floor`` and policy
+``mode``       which compatibility mode the container really runs in: the kernel driver
+               (``/proc/driver/nvidia/version``) vs the libcuda actually loaded (its path in
+               ``/proc/self/maps`` and ``cuDriverGetVersion``): ``native``, ``minor-compat``,
+               or ``forward-compat`` (a libcuda from ``/usr/local/cuda*/compat``); a strict or
+               minor-compat image found in forward-compat fails. SKIP when no libcuda loads
 ``arch``       each visible GPU's compute capability vs ``archs`` (exactly, when
                ``arch.exact`` is ``true``: a TensorRT engine; else CUDA binary compatibility)
 ``precision``  each visible GPU vs the precision's ``min_cc`` / ``max_cc``
@@ -76,7 +81,7 @@ EXIT_MEANING = {
     EXIT_CANNOT_CHECK: "cannot check",
 }
 
-CHECKS = ("driver", "arch", "precision", "cuda", "shm", "weights")
+CHECKS = ("driver", "mode", "arch", "precision", "cuda", "shm", "weights")
 
 PASS, FAIL, NOT_RUN, SKIP = "PASS", "FAIL", "NOT RUN", "SKIP"
 HOST, IMAGE = "host", "image"
@@ -115,6 +120,7 @@ class ImageFacts:
     shm_min_bytes: int
     model_mount: str
     weights_required: tuple[tuple[str, ...], ...]
+    cuda_runtime: str = ""  # the payload's newest CUDA runtime (toolkit release), label cuda.runtime
 
     @classmethod
     def from_labels(cls, labels: dict[str, Any]) -> ImageFacts:
@@ -184,6 +190,7 @@ class ImageFacts:
             shm_min_bytes=integer("shm.min_bytes"),
             model_mount=get("model.mount", ""),
             weights_required=required,
+            cuda_runtime=version("cuda.runtime", optional=True) or "",
         )
 
 
@@ -366,6 +373,83 @@ def check_driver(facts: ImageFacts, host: HostFacts) -> list[Finding]:
     return [_judged(verdict, HOST)]
 
 
+@dataclass(frozen=True)
+class CudaMode:
+    """The kernel driver and the user-mode libcuda this process really loaded."""
+
+    kernel_driver: str | None  # /proc/driver/nvidia/version, e.g. "580.95.05"
+    libcuda_path: str  # realpath of the libcuda mapped into this process
+    libcuda_version: str | None  # from its file name, libcuda.so.<version>
+    libcuda_cuda: str | None  # cuDriverGetVersion of the loaded libcuda, e.g. "13.0"
+    error: str = ""
+
+    @property
+    def mode(self) -> str:
+        if "/compat/" in self.libcuda_path:
+            return rules.FORWARD_COMPAT
+        return "native"
+
+
+def read_cuda_mode(proc_version: str = "/proc/driver/nvidia/version",
+                   maps: str = "/proc/self/maps") -> CudaMode | None:
+    """Load libcuda the way CUDA applications do (``libcuda.so.1`` through the ld cache, where the
+    NVIDIA Container Toolkit's enable-cuda-compat hook puts ``/usr/local/cuda/compat`` first when
+    it is newer than the host driver) and say which file it was. None when no libcuda loads."""
+    import ctypes
+    import re
+
+    kernel = None
+    try:
+        with open(proc_version, encoding="utf-8", errors="replace") as handle:
+            found = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)", handle.read())
+            kernel = found.group(1) if found else None
+    except OSError:
+        pass
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    cuda = None
+    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
+        cuda = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    path = ""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as handle:
+            path = next((line.split()[-1] for line in handle if "libcuda.so" in line.split()[-1]), "")
+    except OSError:
+        pass
+    real = os.path.realpath(path) if path else ""
+    match = re.search(r"libcuda\.so\.(\d+(?:\.\d+)+)$", real)
+    return CudaMode(kernel_driver=kernel, libcuda_path=real, libcuda_version=match.group(1) if match else None,
+                    libcuda_cuda=cuda)
+
+
+def check_mode(facts: ImageFacts, mode: CudaMode | None) -> list[Finding]:
+    """Which compatibility mode the container runs in, judged against the image's policy."""
+    if mode is None:
+        return [Finding(rules.Verdict(True, "mode", "no libcuda.so.1 could be loaded: mode not "
+                                                    "determined"), SKIP)]
+    runtime = facts.cuda_runtime or facts.cuda
+    seen = (f"kernel driver {mode.kernel_driver or 'unknown'}, libcuda {mode.libcuda_version or '?'} "
+            f"({mode.libcuda_path or 'path unknown'}) supports CUDA {mode.libcuda_cuda or '?'}")
+    actual = mode.mode
+    if actual == "native" and mode.libcuda_cuda and runtime and \
+            rules.compare_versions(mode.libcuda_cuda, rules.major_minor(runtime)) < 0:
+        actual = rules.MINOR_COMPAT
+    if actual == rules.FORWARD_COMPAT and facts.driver_policy != rules.FORWARD_COMPAT:
+        return [Finding(rules.Verdict(False, "mode", f"runs in forward-compat ({seen}), but the image "
+                                      f"was resolved {facts.driver_policy}",
+                                      "rebuild the image with imgfab (its runtime stage removes "
+                                      "/usr/local/cuda/compat), or resolve with forward-compat"), FAIL, IMAGE)]
+    if actual == rules.MINOR_COMPAT and facts.driver_policy == rules.STRICT:
+        return [Finding(rules.Verdict(False, "mode", f"runs in minor-compat ({seen}; the payload needs "
+                                      f"CUDA {runtime}), but the image was resolved strict",
+                                      "upgrade the host driver, or resolve with minor-compat"), FAIL, HOST)]
+    return [Finding(rules.Verdict(True, "mode", f"runs {actual} ({seen}; payload CUDA {runtime}, "
+                                                f"{facts.driver_policy} image)"), PASS)]
+
+
 def _no_gpu(check: str, host: HostFacts) -> list[Finding]:
     reason = host.error or "NVML sees no GPU"
     return [_not_run(check, reason, _GPU_FLAG_FIX)]
@@ -544,7 +628,7 @@ _UNSET: Any = object()
 def run_probe(image_json: str = DEFAULT_IMAGE_JSON, *, skip: frozenset[str] = frozenset(),
               nvml: Nvml | None = _UNSET,
               cuda: CudaRunner | None = _UNSET, torch_error: str | None = None,
-              shm_path: str = DEFAULT_SHM_PATH) -> ProbeReport:
+              shm_path: str = DEFAULT_SHM_PATH, cuda_mode: "CudaMode | None" = _UNSET) -> ProbeReport:
     """Run every check not in ``skip``; never raises for a failed check.
 
     ``nvml`` defaults to ``pynvml`` if importable; pass ``None`` for "no NVML" or an object
@@ -576,6 +660,7 @@ def run_probe(image_json: str = DEFAULT_IMAGE_JSON, *, skip: frozenset[str] = fr
 
     steps: dict[str, Callable[[], list[Finding]]] = {
         "driver": lambda: check_driver(facts, host),
+        "mode": lambda: check_mode(facts, read_cuda_mode() if cuda_mode is _UNSET else cuda_mode),
         "arch": lambda: check_arch(facts, host),
         "precision": lambda: check_precision(facts, host),
         "cuda": cuda_step,

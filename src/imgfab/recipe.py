@@ -97,9 +97,11 @@ class TargetSpec(_Strict):
     count: Annotated[int, Field(ge=1, le=64)] = Field(1, description="GPUs per replica (tensor parallel size)")
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
     driver: str = Field(description="Driver floor the fleet guarantees, e.g. '>=535.104.05'")
-    driver_policy: Literal["strict", "minor-compat"] = Field(
+    driver_policy: Literal["strict", "minor-compat", "forward-compat"] = Field(
         STRICT, description="strict: image CUDA ≤ what the driver ships; minor-compat: CUDA "
-                            "minor-version compatibility within the major (with its limits)")
+                            "minor-version compatibility within the major (with its limits); "
+                            "forward-compat: the image's cuda-compat libcuda on an older "
+                            "datacenter driver branch (datacenter GPUs only)")
 
     @field_validator("driver")
     @classmethod

@@ -76,29 +76,43 @@ CUDA_TOOLKIT_WHEEL = "cuda-toolkit"
 
 # Field order of each kind of record, as written.
 FIELDS = {
-    "torch": ("version", "cuda", "cuda_runtime", "python", "source", "confirmed", "note"),
+    "torch": ("version", "index", "cuda", "cuda_runtime", "python", "fatbin_sass", "fatbin_ptx",
+              "source", "fatbin_source", "upstream_source", "confirmed", "note"),
     "vllm": ("version", "torch", "python", "cuda", "build_cuda", "cuda_archs", "ptx_archs",
-             "wheel_tags", "source", "upstream_source", "confirmed", "note"),
-    "tensorrt-llm": ("version", "tensorrt", "torch", "python", "python_classifiers", "cuda",
-                     "base_image", "cuda_archs", "wheel_tags", "system_packages", "source",
+             "fatbin_sass", "fatbin_ptx", "wheel_tags", "source", "fatbin_source",
+             "upstream_source", "confirmed", "note"),
+    "tensorrt-llm": ("version", "tensorrt", "torch", "torch_index", "python", "python_classifiers",
+                     "cuda", "base_image", "cuda_archs", "wheel_tags", "system_packages", "source",
                      "upstream_source", "confirmed", "note"),
     "tensorrt": ("version", "cuda_major", "requires", "source", "confirmed", "note"),
 }
 # Fields read from upstream source trees, carried over from the existing record.
 UPSTREAM_FIELDS = {
     "vllm": ("build_cuda", "cuda_archs", "ptx_archs", "upstream_source"),
-    "tensorrt-llm": ("cuda", "base_image", "cuda_archs", "system_packages", "upstream_source"),
+    "tensorrt-llm": ("cuda", "torch_index", "base_image", "cuda_archs", "system_packages",
+                     "upstream_source"),
 }
+# Fields measured in the wheel's own CUDA libraries (imgfab.wheel_payload); carried over when a
+# refresh runs without reading wheels.
+FATBIN_FIELDS = ("fatbin_sass", "fatbin_ptx", "fatbin_source")
+# The index a torch row comes from. Rows from any other index (the PyTorch cu130 index that
+# TensorRT-LLM 1.2 asks for) cannot be read from PyPI; refresh keeps them as they are.
+PYPI_INDEX = "https://pypi.org/simple"
 FILES = {"torch": "torch.yaml", "vllm": "vllm.yaml", "tensorrt-llm": "tensorrt_llm.yaml",
          "tensorrt": "tensorrt.yaml"}
 HEADERS = {
     "torch": "torch release -> CUDA of its default PyPI wheel (Linux x86_64), read from the\n"
              "wheel's Requires-Dist pin on the CUDA runtime: nvidia-cuda-runtime-cuXX (<= 2.10)\n"
-             "or cuda-toolkit[cudart] (>= 2.11).",
+             "or cuda-toolkit[cudart] (>= 2.11). fatbin_sass/fatbin_ptx: the architectures\n"
+             "compiled into torch/lib/libtorch_cuda.so, read from its ELF .nv_fatbin through HTTP\n"
+             "range requests into the wheel (imgfab.wheel_payload). Rows whose index is not\n"
+             "PyPI (a local version such as 2.9.1+cu130) are kept by hand with their sources.",
     "vllm": "vLLM release -> torch pin, Requires-Python and wheel tags (PyPI metadata of the\n"
             "Linux x86_64 wheel); cuda = CUDA of the pinned torch's PyPI wheel. build_cuda,\n"
             "cuda_archs and ptx_archs come from the release's source tree (docker/Dockerfile,\n"
-            ".buildkite/release-pipeline.yaml, setup.py MAIN_CUDA_VERSION) and are carried over.",
+            ".buildkite/release-pipeline.yaml, setup.py MAIN_CUDA_VERSION) and are carried over.\n"
+            "fatbin_sass/fatbin_ptx: architectures measured in vllm/_C.abi3.so of the wheel\n"
+            "(ELF .nv_fatbin, HTTP range requests; the union over the fat binaries read).",
     "tensorrt-llm": "TensorRT-LLM release -> tensorrt and torch pins, Requires-Python and Python\n"
                     "classifiers (PKG-INFO of the wheel-stub sdist on PyPI; the wheels live on\n"
                     "pypi.nvidia.com). cuda, base_image, cuda_archs and system_packages come from\n"
@@ -109,6 +123,7 @@ HEADERS = {
 
 FetchJson = Callable[[str], dict]
 FetchMetadata = Callable[[str, str], str]
+ReadArchs = Callable[[str, str, str], Any]  # (project, url, filename) -> MemberArchs | None
 
 
 # --- fetching: the only network I/O ---------------------------------------------------------
@@ -456,13 +471,18 @@ def write_atomically(path: Path, text: str) -> None:
 
 def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
             fetch_metadata: FetchMetadata = fetch_metadata,
-            packages: Iterable[str] = ("vllm", "torch", "tensorrt-llm", "tensorrt")) -> list[str]:
+            packages: Iterable[str] = ("vllm", "torch", "tensorrt-llm", "tensorrt"),
+            read_archs: ReadArchs | None = None) -> list[str]:
     """Regenerate the PyPI-derived compat files in ``compat_dir``; return what changed.
 
     ``packages`` picks the files: ``vllm``, ``torch``, ``tensorrt-llm``, ``tensorrt``. Torch rows
     cover every torch release that a vLLM or TensorRT-LLM pin admits; TensorRT rows every
     ``tensorrt`` release a TensorRT-LLM pin admits (pins read from the refreshed records, or
     from the files on disk for a backend not being refreshed).
+
+    ``read_archs(project, url, filename)`` measures the GPU code of a torch or vLLM wheel
+    (:meth:`imgfab.wheel_payload.PayloadCache.archs`); without it the ``fatbin_*`` fields are
+    carried over from the files on disk.
 
     Returns one line per added, changed or removed release (empty: nothing changed).
     Raises NetworkError if PyPI cannot be read; then no file has been touched.
@@ -480,7 +500,10 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
 
     def torch_row(version: str) -> dict[str, Any]:
         if version not in torch_rows:
-            torch_rows[version] = torch_record(version, *fetch.metadata("torch", version))
+            row = torch_record(version, *fetch.metadata("torch", version))
+            row["index"] = PYPI_INDEX
+            torch_rows[version] = _with_fatbin(row, "torch", version, fetch, read_archs,
+                                               old["torch"].get(version))
         return torch_rows[version]
 
     new: dict[str, dict[str, dict[str, Any]]] = {}
@@ -492,6 +515,7 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
             for candidate in _admitted(spec, torch_all):
                 torch_row(candidate)
             record = vllm_record(version, meta, filename, fetch.files("vllm", version), torch_rows)
+            record = _with_fatbin(record, "vllm", version, fetch, read_archs, old["vllm"].get(version))
             rows[version] = carry_over("vllm", record, old["vllm"].get(version))
         new["vllm"] = rows
     if "tensorrt-llm" in wanted:
@@ -504,9 +528,12 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
     if "torch" in wanted:
         for kind in ("vllm", "tensorrt-llm"):
             for row in (new.get(kind) or old[kind]).values():
+                if (row.get("torch_index") or PYPI_INDEX) != PYPI_INDEX:
+                    continue  # its torch comes from another index: a hand-kept row
                 for candidate in _admitted(str(row.get("torch") or ""), torch_all):
                     torch_row(candidate)
-        new["torch"] = dict(torch_rows)
+        kept = {v: r for v, r in old["torch"].items() if (r.get("index") or PYPI_INDEX) != PYPI_INDEX}
+        new["torch"] = {**dict(torch_rows), **kept}
     if "tensorrt" in wanted:
         tensorrt_all = fetch.versions("tensorrt")
         rows = {}
@@ -527,6 +554,31 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
     for path, text in outputs.items():
         write_atomically(path, text)
     return summary
+
+
+def _with_fatbin(record: dict[str, Any], project: str, version: str, fetch: "_Guarded",
+                 read_archs: "ReadArchs | None", previous: dict[str, Any] | None) -> dict[str, Any]:
+    """``record`` plus the architectures measured in its wheel (or carried over from ``previous``)."""
+    record = dict(record)
+    if read_archs is None:
+        for name in FATBIN_FIELDS:
+            if previous and name in previous:
+                record[name] = previous[name]
+        return record
+    chosen = metadata_file(fetch.files(project, version))
+    # Index mirrors serve files under their own host; the record names PyPI's file host.
+    url = re.sub(r"^https://pypi\.org/packages/packages/", "https://files.pythonhosted.org/packages/",
+                 chosen.url) if chosen else ""
+    found = read_archs(project, url, chosen.filename) if chosen and chosen.filename.endswith(".whl") \
+        else None
+    if found is None:
+        record.update(fatbin_sass=[], fatbin_ptx=[],
+                      fatbin_source=f"{chosen.filename if chosen else project}: no CUDA library with "
+                                    "a .nv_fatbin section was found")
+    else:
+        record.update(fatbin_sass=list(found.sass), fatbin_ptx=list(found.ptx),
+                      fatbin_source=found.describe())
+    return record
 
 
 def _admitted(spec: str, releases: dict[str, list[DistFile]]) -> list[str]:

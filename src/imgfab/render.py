@@ -171,6 +171,7 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.backend.version": stack.backend_version,
         f"{p}.backend.path": stack.backend_path,
         f"{p}.cuda": stack.cuda,
+        f"{p}.cuda.runtime": stack.payload_runtime_toolkit,  # the payload's newest CUDA runtime (issue 10)
         f"{p}.os": stack.os,
         f"{p}.python": stack.python,
         f"{p}.torch": stack.torch,
@@ -231,6 +232,7 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
 # TensorRT-LLM's PyPI entries are stubs whose real wheels live on NVIDIA's index
 # (tensorrt-llm 1.2.1 sdist: build backend wheel-stub fetches from pypi.nvidia.com).
 _EXTRA_INDEX = {"tensorrt-llm": "https://pypi.nvidia.com"}
+_PYPI = "https://pypi.org/simple"
 
 
 def _requirements(stack: Stack) -> list[str]:
@@ -242,6 +244,8 @@ def _requirements(stack: Stack) -> list[str]:
     if stack.backend == "tensorrt-llm":  # one exact TensorRT: the engine's cache key and label name it
         pins.append(f"tensorrt=={trtllm.tensorrt_pin(stack)}")
     options = [f"--extra-index-url {_EXTRA_INDEX[stack.backend]}"] if stack.backend in _EXTRA_INDEX else []
+    if stack.torch_index and stack.torch_index != _PYPI:  # e.g. torch 2.9.1+cu130 (compat/torch.yaml index)
+        options.append(f"--extra-index-url {stack.torch_index}")
     return options + sorted(pins)
 
 

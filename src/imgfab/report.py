@@ -15,9 +15,12 @@ def print_resolution(resolution: Resolution) -> None:
     rows = [
         ("backend", f"{stack.backend} {stack.backend_version}"
                     + (f" ({stack.backend_path} path)" if stack.backend != "vllm" else "")),
-        ("torch", stack.torch or "-"),
+        ("torch", (stack.torch + (f" (from {stack.torch_index})" if stack.torch_index
+                                  and "pypi.org" not in stack.torch_index else "")) if stack.torch else "-"),
+        ("payload runtime", f"CUDA runtime {stack.payload_runtime} (CUDA {stack.payload_runtime_toolkit}, "
+                            f"from {stack.payload_runtime_from})" if stack.payload_runtime_toolkit else "-"),
         ("tensorrt", stack.tensorrt or "-"),
-        ("cuda", stack.cuda),
+        ("cuda", stack.cuda + (" (end-of-life tag)" if stack.image_eol else "")),
         ("os / python", f"{stack.os} / Python {stack.python}"),
         ("builder base", stack.builder_image),
         ("runtime base", f"{stack.runtime_image} ({stack.runtime_flavor})"),

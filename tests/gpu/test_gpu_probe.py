@@ -83,8 +83,10 @@ def test_probe_passes_on_this_gpu(tmp_path, labels, gpus):
     cuda = [c for c in report["checks"] if c["check"] == "cuda"]
     assert len(cuda) == len(gpus)
     assert all(c["status"] == "PASS" and "matches the CPU" in c["reason"] for c in cuda)
-    assert {c["check"] for c in report["checks"]} == {"driver", "arch", "precision", "cuda",
+    assert {c["check"] for c in report["checks"]} == {"driver", "mode", "arch", "precision", "cuda",
                                                        "shm", "weights"}
+    (mode,) = [c for c in report["checks"] if c["check"] == "mode"]
+    assert mode["status"] == "PASS" and mode["reason"].startswith("runs native (kernel driver ")
 
 
 def test_probe_refuses_a_floor_above_the_host_driver(tmp_path, labels, gpus):

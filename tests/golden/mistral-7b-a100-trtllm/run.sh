@@ -3,7 +3,7 @@
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.1-sm80}"
+IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"
 no_comma() {
     case "$1" in

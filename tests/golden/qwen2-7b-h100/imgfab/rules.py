@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 STRICT = "strict"
 MINOR_COMPAT = "minor-compat"
-POLICIES = (STRICT, MINOR_COMPAT)
+FORWARD_COMPAT = "forward-compat"
+POLICIES = (STRICT, MINOR_COMPAT, FORWARD_COMPAT)
+
+# What forward compatibility is (NVIDIA CUDA Compatibility guide, "Forward Compatibility"): the
+# image's cuda-compat libcuda (/usr/local/cuda/compat) replaces the host's user-mode driver, on
+# datacenter GPUs and the driver branches NVIDIA lists for that CUDA only.
+FORWARD_COMPAT_LIMITS = (
+    "forward compatibility: the image's cuda-compat libcuda runs over the host's kernel driver; "
+    "datacenter GPUs and the supported driver branches only"
+)
 
 # What CUDA minor-version compatibility does not give (NVIDIA CUDA Compatibility guide,
 # "Minor Version Compatibility" limitations). Printed wherever an image relies on it.
@@ -80,6 +89,11 @@ def nvidia_require_cuda(cuda: str, policy: str) -> str:
         return f"cuda>={major_minor(cuda)}"
     if policy == MINOR_COMPAT:
         return f"cuda>={major}.0"
+    if policy == FORWARD_COMPAT:
+        # The host driver's own CUDA is older than the image's by design; the branch check
+        # (check_forward_compat) is the guard, and the runtime check is left at the 11.0 floor
+        # of forward compatibility's first release.
+        return "cuda>=11.0"
     raise ValueError(f"unknown driver policy {policy!r}; expected one of {POLICIES}")
 
 
@@ -167,3 +181,64 @@ def check_precision(precision: str, compute_capability: str, *, min_cc: str | No
                        f"{backend} excludes {precision} on compute capability "
                        f"{compute_capability} ({who})", "choose another engine.quantization")
     return Verdict(True, "precision", f"{precision} runs on {who} ({compute_capability})")
+
+
+def ptx_runs_on(compute_capability: str, ptx: list[str] | tuple[str, ...]) -> bool:
+    """True if PTX for one of ``ptx`` can be JIT-compiled for ``compute_capability``.
+
+    PTX for compute_XY runs on every capability ≥ X.Y; arch-specific PTX (``9.0a``) only on X.Y.
+    """
+    for arch in ptx:
+        specific = arch.endswith(("a", "f"))
+        base = arch.rstrip("af")
+        if specific and compare_versions(compute_capability, base) == 0:
+            return True
+        if not specific and compare_versions(compute_capability, base) >= 0:
+            return True
+    return False
+
+
+def check_coverage(compute_capability: str, components: list[tuple[str, list[str], list[str]]],
+                   *, gpu: str = "") -> Verdict:
+    """Does every component of the payload carry code for the GPU?
+
+    ``components`` are ``(name, sass, ptx)``, e.g. ``("torch 2.7.1", ["8.0", "9.0"], [])``; one
+    with neither list is unknown and skipped. Coverage is the intersection: a GPU runs the image
+    only if torch, the backend and each kernel library all have SASS for it or PTX below it.
+    """
+    label = f"{gpu} (compute capability {compute_capability})" if gpu else \
+        f"compute capability {compute_capability}"
+    missing = []
+    for name, sass, ptx in components:
+        if not sass and not ptx:
+            continue
+        if not binary_runs_on(compute_capability, list(sass)) and not ptx_runs_on(compute_capability, ptx):
+            code = ", ".join(f"sm_{a.replace('.', '')}" for a in sass) or "none"
+            jit = ", ".join(f"compute_{a.replace('.', '')}" for a in ptx) or "none"
+            missing.append(f"{name} (SASS {code}; PTX {jit})")
+    if missing:
+        return Verdict(False, "arch", f"{label} has no code in " + "; ".join(missing),
+                       "choose releases whose wheels carry sm_" + compute_capability.replace(".", ""))
+    return Verdict(True, "arch", f"{label} is covered by every CUDA library of the payload")
+
+
+def check_forward_compat(host_driver: str, *, cuda: str, branches: list[tuple[str, list[str]]],
+                         datacenter: bool, gpu: str = "") -> Verdict:
+    """May an image with CUDA ``cuda`` run on ``host_driver`` through forward compatibility?
+
+    ``branches`` are ``(branch, [CUDA major.minor the compat package supports on it])`` from
+    the matrix; forward compatibility needs a datacenter GPU and a listed branch.
+    """
+    if not datacenter:
+        return Verdict(False, "driver", f"{gpu or 'this GPU'} is not a datacenter GPU; CUDA forward "
+                       "compatibility does not run on it", "target.driver_policy: strict, and upgrade the driver")
+    branch = str(parse_version(host_driver)[0])
+    wanted = major_minor(cuda)
+    for name, cudas in branches:
+        if name == branch and wanted in cudas:
+            return Verdict(True, "driver", f"driver branch R{branch} runs CUDA {wanted} through the "
+                           f"image's cuda-compat package; {FORWARD_COMPAT_LIMITS}")
+    listed = ", ".join(f"R{name}" for name, cudas in branches if wanted in cudas) or "none listed"
+    return Verdict(False, "driver", f"driver branch R{branch} is not a forward-compatibility branch "
+                   f"for CUDA {wanted} (supported: {listed})",
+                   "move the host to a listed branch, or use target.driver_policy: strict")
