@@ -75,15 +75,16 @@ def main():
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
+def index(tmp_path_factory, matrix):
     root = tmp_path_factory.mktemp("index") / "simple"
+    torch = resolve(load_recipe(RECIPE), matrix).stack.torch  # the stack's own pin (2.9.1+cu130)
     _wheel(root, "tensorrt-llm", "1.2.1",
            {"tensorrt_llm/__init__.py": '__version__ = "1.2.1"\n',
             "tensorrt_llm/quantization/__init__.py": "def quantize_and_export(**kw):\n    raise SystemExit('fake')\n",
             "tensorrt_llm/commands/__init__.py": "", "tensorrt_llm/commands/fake.py": FAKE_CLI},
            {s: "tensorrt_llm.commands.fake:main" for s in ("trtllm-build", "trtllm-refit", "trtllm-serve")})
     _wheel(root, "tensorrt", "10.14.1.48.post1", {"tensorrt/__init__.py": '__version__ = "10.14.1.48.post1"\n'})
-    _wheel(root, "torch", "2.9.1", {"torch/__init__.py": '__version__ = "2.9.1"\n'})
+    _wheel(root, "torch", torch, {"torch/__init__.py": f'__version__ = "{torch}"\n'})
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a, **k):
