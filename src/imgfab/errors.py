@@ -6,6 +6,11 @@ registry, the network). Each error renders as one line: ``<field>: <what>; <fix>
 
 from __future__ import annotations
 
+import re
+
+# C0/C1 control characters and DEL: a message never carries a terminal escape.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
 
 class ImgfabError(Exception):
     """Base class. ``field`` names what was wrong, ``fix`` says what to do about it."""
@@ -23,7 +28,7 @@ class ImgfabError(Exception):
         text = f"{self.field}: {self.message}" if self.field else self.message
         if self.fix:
             text = f"{text}; fix: {self.fix}"
-        return " ".join(text.split())
+        return " ".join(_CONTROL.sub(" ", text).split())
 
 
 class RecipeError(ImgfabError):
