@@ -138,9 +138,9 @@ def _compile_two_phase(recipe_path: str, recipe: Any, stack: Any, context: Path,
     if options.weights is None:
         raise RecipeError("compiling a TensorRT engine needs the weights", field="--weights",
                           fix="pass --weights DIR (bind-mounted read-only, never copied)")
-    calibration = None
-    if recipe.engine.calibration is not None:
-        calibration = Path(recipe_path).resolve().parent / recipe.engine.calibration.prompts
+    from imgfab.recipe import calibration_file  # noqa: PLC0415
+
+    calibration = calibration_file(recipe, recipe_path)
     out = options.engine_out or Path("build") / f"{recipe.name}-compile"
     result = two_phase(context, recipe, stack, engine=engine, weights_dir=Path(options.weights),
                        calibration_file=calibration, out_dir=out, build_args=build_args,
