@@ -313,10 +313,23 @@ def docker_cli() -> str:
     return cli
 
 
-def _build_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["DOCKER_BUILDKIT"] = "1"
+# What a child process (the docker CLI, a credential helper) never inherits: imgfab's own
+# settings (the registry password, a pip index URL with credentials) and anything named like
+# a secret.
+_SECRET_NAME = re.compile(r"^IMGFAB_|PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY",
+                          re.IGNORECASE)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: this one's, scrubbed of :data:`_SECRET_NAME`
+    variables, plus ``extra``."""
+    env = {key: value for key, value in os.environ.items() if not _SECRET_NAME.search(key)}
+    env.update(extra or {})
     return env
+
+
+def _build_env() -> dict[str, str]:
+    return child_env({"DOCKER_BUILDKIT": "1"})
 
 
 def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
