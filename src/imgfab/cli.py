@@ -194,7 +194,7 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                  backend: str | None, explain: bool, as_json: bool) -> None:
     """Print the digest reference of the newest published image that fits a host."""
     from imgfab import registry
-    from imgfab.errors import CompatibilityError
+    from imgfab.errors import CompatibilityError, RegistryError
     from imgfab.select import Published, choose, what_host_needs
 
     host = _host_gpu(driver, gpu)
@@ -203,9 +203,12 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     images = []
     for tag in registry.list_tags(repository, credentials):
         ref = f"{repository}:{tag}"
-        labels = registry.image_labels(ref, credentials)
-        digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
-        images.append(Published(repository, tag, digest, labels))
+        try:  # one tag the registry cannot describe is one rejected candidate
+            labels = registry.image_labels(ref, credentials)
+            digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
+            images.append(Published(repository, tag, digest, labels))
+        except RegistryError as error:
+            images.append(Published(repository, tag, "", {}, error=error.one_line()))
     best, candidates = choose(images, host, model=model, backend=backend)
     if as_json:
         click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,

@@ -541,30 +541,56 @@ def image_config(ref: str, credentials: Credentials | None = None, *,
     manifest = _get_manifest(client, parsed, parsed.reference)
     if manifest.get("mediaType") in _INDEX_TYPES or "manifests" in manifest:
         os_name, _, arch = platform.partition("/")
-        choices = [m for m in manifest.get("manifests", [])
-                   if (m.get("platform") or {}).get("os") == os_name
-                   and (m.get("platform") or {}).get("architecture") == arch]
+        entries = manifest.get("manifests")
+        entries = [m for m in entries if isinstance(m, dict)] if isinstance(entries, list) else []
+
+        def platform_of(entry: dict[str, Any]) -> tuple[Any, Any]:
+            where = entry.get("platform") if isinstance(entry.get("platform"), dict) else {}
+            return where.get("os"), where.get("architecture")
+
+        choices = [m for m in entries if platform_of(m) == (os_name, arch)]
         if not choices:
-            offered = sorted({f"{(m.get('platform') or {}).get('os')}/"
-                              f"{(m.get('platform') or {}).get('architecture')}"
-                              for m in manifest.get("manifests", [])})
+            offered = sorted({printable(f"{o}/{a}", 40) for o, a in map(platform_of, entries)})
             raise RegistryError(f"{ref} has no {platform} image (offers {', '.join(offered)})",
                                 field="image", fix="pick a multi-arch tag that includes it")
-        manifest = _get_manifest(client, parsed, choices[0]["digest"])
-    digest = (manifest.get("config") or {}).get("digest")
+        manifest = _get_manifest(client, parsed, _checked_digest(choices[0].get("digest"), ref))
+    config = manifest.get("config")
+    digest = config.get("digest") if isinstance(config, dict) else None
     if not digest:
         raise RegistryError(f"{ref}: the manifest names no config blob", field="image",
                             fix="schema 1 manifests are not supported; re-push the image")
+    digest = _checked_digest(digest, ref)
     body = client.request("GET", f"/v2/{parsed.repository}/blobs/{digest}", scope=scope).content
     if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
         raise RegistryError(f"{ref}: config blob does not match its digest {digest}",
                             field="image", fix="the registry storage is corrupt; re-push")
-    return json.loads(body)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise RegistryError(f"{printable(ref, 200)}: the config blob is not JSON", field="image",
+                            fix="rebuild and re-push the image") from None
+
+
+def _checked_digest(digest: Any, ref: str) -> str:
+    """``digest`` when it is ``sha256:<64 hex>``; RegistryError otherwise (it becomes a URL path)."""
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise RegistryError(f"{printable(ref, 200)}: the manifest names a digest that is not "
+                            f"sha256:<64 hex> ({printable(str(digest), 40)})", field="image",
+                            fix="re-push the image")
+    return digest
 
 
 def image_labels(ref: str, credentials: Credentials | None = None) -> dict[str, str]:
-    """The ``config.Labels`` of ``ref``'s image config (empty when it has none)."""
-    return (image_config(ref, credentials).get("config") or {}).get("Labels") or {}
+    """The ``config.Labels`` of ``ref``'s image config (empty when it has none); a config
+    whose labels are not a mapping of strings raises :class:`RegistryError`."""
+    config = image_config(ref, credentials)
+    section = config.get("config") if isinstance(config, dict) else None
+    labels = (section.get("Labels") if isinstance(section, dict) else None) or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in labels.items()):
+        raise RegistryError(f"{printable(ref, 200)}: the image config's labels are not a "
+                            "mapping of strings", field="image", fix="rebuild the image")
+    return labels
 
 def _get_manifest(client: _Client, ref: ImageRef, reference: str) -> dict[str, Any]:
     response = client.request("GET", f"/v2/{ref.repository}/manifests/{reference}",
@@ -573,7 +599,14 @@ def _get_manifest(client: _Client, ref: ImageRef, reference: str) -> dict[str, A
     if response.status_code == 404:
         raise RegistryError(f"{ref.name}:{reference} is not in registry {ref.host}",
                             field="image", fix="check the repository and tag")
-    return response.json()
+    try:
+        manifest = response.json()
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise RegistryError(f"{ref.name}:{printable(reference, 80)}: the manifest is not a JSON "
+                            "object", field="image", fix="re-push the image")
+    return manifest
 
 
 def retarget(image: str, registry: str) -> str:
