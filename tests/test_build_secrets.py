@@ -150,3 +150,26 @@ def test_image_registry_of_the_recipe_is_used(tmp_path, recorder):
     assert any(t.startswith("registry.example:5000/") for t in recorder["tags"]), recorder["tags"]
     _build(tmp_path, recipe=recipe, registry="other.example")
     assert not any(t.startswith("registry.example:5000/") for t in recorder["tags"])
+
+
+@pytest.mark.parametrize("url", ["https://pypi.example/simple\n", "https://pypi.example/\rsimple",
+                                 "https://pypi.example/sim\tple", "https://pypi.example/\x1b[2Jsimple",
+                                 "https://pypi.example/simple\x00", "file:///etc/passwd", "https:///simple"])
+def test_index_url_check_refuses_control_characters_and_non_http(url):
+    with pytest.raises(RecipeError) as caught:
+        build_module.check_pip_index_url(url)
+    assert caught.value.field == "--pip-index-url"
+
+
+@pytest.mark.parametrize("settings", [{"index-url": "https://a/simple\n[global]"},
+                                      {"index-url": "https://a/simple\rx"},
+                                      {"timeout": "5\x00"}, {"index-url": " https://a/simple"},
+                                      {"bad key": "1"}, {"[global]\nx": "1"}])
+def test_pip_conf_serializer_refuses_what_would_start_another_line(settings):
+    with pytest.raises(RecipeError):
+        build_module.pip_conf_text(settings)
+
+
+def test_pip_conf_serializer_writes_one_line_per_setting():
+    text = build_module.pip_conf_text({"index-url": "https://u:p@a/simple", "timeout": "5"})
+    assert text == "[global]\nindex-url = https://u:p@a/simple\ntimeout = 5\n"

@@ -182,3 +182,8 @@ def test_tag_list_that_is_not_a_list_is_one_registry_error(servers):
     host = f"127.0.0.1:{good.server_port}"
     with pytest.raises(RegistryError, match="not a list of tags"):
         list_tags(f"{host}/team/app", Credentials(host, "u", "s3cret-pw"))
+
+
+def test_printable_strips_controls_and_bounds_length():
+    assert registry.printable("a\x1b[31mb\nc\x07d\x9b") == "a [31mb c d"
+    assert len(registry.printable("x" * 10000)) <= 301

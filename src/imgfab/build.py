@@ -93,7 +93,7 @@ def _check_options(options: BuildOptions) -> None:
         raise RecipeError(f"{options.ca_cert} is not a file", field="--ca-cert",
                           fix="give a PEM CA bundle, e.g. /etc/ssl/certs/ca-certificates.crt")
     if options.pip_index_url is not None:
-        _pip_index_url(options.pip_index_url)
+        check_pip_index_url(options.pip_index_url)
     if options.push and not options.registry:
         raise RecipeError("--push needs a registry", field="--registry",
                           fix="pass --registry HOST or set IMGFAB_REGISTRY")
@@ -108,7 +108,7 @@ def _check_options(options: BuildOptions) -> None:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _pip_index_url(url: str) -> str:
+def check_pip_index_url(url: str) -> str:
     """``url`` when it is an http(s) URL with a host and no control characters or spaces;
     RecipeError otherwise (the message never shows its password)."""
     parts = urllib.parse.urlsplit(url) if not _CONTROL.search(url) else None
@@ -134,7 +134,7 @@ def pip_conf_text(settings: dict[str, str]) -> str:
 
 
 def _pip_conf(index_url: str, directory: Path) -> Path:
-    settings = {"index-url": _pip_index_url(index_url)}
+    settings = {"index-url": check_pip_index_url(index_url)}
     for variable, key in sorted(_PIP_ENV_SETTINGS.items()):
         value = os.environ.get(variable)
         if value:
