@@ -46,13 +46,15 @@ def _compress(data: bytes, how: str) -> bytes:
 
 
 def save_archive(layers: list[bytes], layout: str, *, compress: str = "none",
-                 drop: int | None = None, corrupt: int | None = None) -> bytes:
+                 drop: int | None = None, corrupt: int | None = None,
+                 history: list[dict] | None = None) -> bytes:
     """A ``docker save`` archive of one image with ``layers`` (bottom first).
 
     ``drop``: leave listed layer number ``drop`` out of the archive; ``corrupt``: replace its
     bytes with a truncated gzip stream."""
-    config = json.dumps({"config": {"User": "imgfab"}, "rootfs": {"type": "layers",
-                        "diff_ids": ["sha256:" + hashlib.sha256(l).hexdigest() for l in layers]}})
+    config = json.dumps({"config": {"User": "imgfab"}, "history": history or [],
+                         "rootfs": {"type": "layers", "diff_ids": [
+                             "sha256:" + hashlib.sha256(l).hexdigest() for l in layers]}})
     members: list[tuple[str, bytes | str]] = []  # name → bytes, or str for a symlink target
     listed = []
     if layout.startswith("legacy"):
@@ -162,6 +164,47 @@ def test_a_listed_layer_missing_from_the_archive_fails_closed(layout, compress):
     archive = save_archive([layer_tar(CLEAN), layer_tar(DIRTY)], layout, compress=compress, drop=1)
     verdicts = _verdicts(archive, 2)
     assert verdicts["layers"] is False
+
+
+@pytest.mark.parametrize("layout", ["legacy", "oci"])
+def test_the_missing_layer_is_named(layout):
+    archive = save_archive([layer_tar(CLEAN), layer_tar(DIRTY)], layout, drop=1)
+    scan = verify._scan_layers(iter([archive]), VerifyPolicy(mount_path="/models/m", required_labels={}))
+    assert len(scan.unscanned) == 1 and "not in the archive" in scan.unscanned[0]
+    report = verify_image("t:1", VerifyPolicy(mount_path="/models/m", required_labels={}),
+                          engine=FakeEngine(archive, 2), raise_on_failure=False)
+    layers = next(f for f in report.findings if f.check == "layers")
+    assert not layers.passed and "not in the archive" in layers.detail
+
+
+@pytest.mark.parametrize("layout, compress", [("legacy", "none"), ("oci", "gzip")])
+def test_a_secret_in_the_image_history_is_found(layout, compress):
+    history = [{"created_by": "RUN echo " + SECRET.decode() + " > /dev/null"}]
+    archive = save_archive([layer_tar(CLEAN)], layout, compress=compress, history=history)
+    assert _verdicts(archive, 1)["secrets"] is False
+
+
+def test_a_secret_in_the_image_history_is_found_on_the_overlay2_path(tmp_path):
+    layer = tmp_path / "diff"
+    (layer / "etc").mkdir(parents=True)
+    (layer / "etc/hostname").write_text("box\n")
+
+    class Overlay(FakeEngine):
+        def inspect_image(self, ref):
+            info = super().inspect_image(ref)
+            info["GraphDriver"] = {"Name": "overlay2", "Data": {"UpperDir": str(layer)}}
+            return info
+
+        def save_stream(self, ref):
+            raise AssertionError("the overlay2 path reads the layer directories")
+
+        def image_history(self, ref):
+            return [{"CreatedBy": "RUN echo " + SECRET.decode()}]
+
+    policy = VerifyPolicy(mount_path="/models/m", required_labels={}, secrets={"ca-cert": SECRET})
+    report = verify_image("t:1", policy, engine=Overlay(b"", 1), raise_on_failure=False)
+    secrets = next(f for f in report.findings if f.check == "secrets")
+    assert not secrets.passed and "image config" in secrets.detail
 
 
 def test_an_unreadable_listed_layer_fails_closed():
