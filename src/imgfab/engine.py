@@ -165,10 +165,14 @@ def push_image(local_ref: str, repository: str, tag: str, *,
     """
     from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
     from requests.exceptions import RequestException  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: PLC0415
 
     from imgfab.errors import RegistryError  # noqa: PLC0415
 
     client = _client()
+    # A first push into a new repository uploads every layer; the daemon's stream stays quiet
+    # for minutes while layers wait, past the SDK's 60 s read timeout.
+    client.api.timeout = _SAVE_TIMEOUT_S
     try:
         client.api.tag(local_ref, repository, tag, force=True)
     except ImageNotFound:
@@ -199,7 +203,7 @@ def push_image(local_ref: str, repository: str, tag: str, *,
     except DockerException as exc:
         raise EngineError(f"docker push {repository}:{tag} failed: {_one_line(exc)}",
                           field="engine", fix="check the engine is reachable") from None
-    except RequestException as exc:
+    except (RequestException, Urllib3Error) as exc:  # the stream is read through urllib3
         raise EngineError(f"the engine dropped the push of {repository}:{tag}: "
                           f"{_one_line(exc)}", field="engine",
                           fix="check the engine is reachable") from None
