@@ -19,15 +19,19 @@ Errors are the typed ones of :mod:`imgfab.errors`: bad options are :class:`Recip
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
+import re
+import secrets as random_secrets
 import tempfile
+import urllib.parse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from imgfab import engine
-from imgfab.errors import RecipeError, ValidationFailed
+from imgfab.errors import RecipeError, ValidationFailed, redact
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -79,17 +83,18 @@ class BuiltImage:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The ``--json`` object, every URL password redacted."""
+        import json  # noqa: PLC0415
+
+        return json.loads(redact(json.dumps(asdict(self))))
 
 
 def _check_options(options: BuildOptions) -> None:
     if options.ca_cert is not None and not Path(options.ca_cert).is_file():
         raise RecipeError(f"{options.ca_cert} is not a file", field="--ca-cert",
                           fix="give a PEM CA bundle, e.g. /etc/ssl/certs/ca-certificates.crt")
-    if options.pip_index_url is not None and not options.pip_index_url.startswith(
-            ("http://", "https://")):
-        raise RecipeError(f"{options.pip_index_url!r} is not an http(s) URL",
-                          field="--pip-index-url", fix="e.g. https://pypi.example.com/simple")
+    if options.pip_index_url is not None:
+        check_pip_index_url(options.pip_index_url)
     if options.push and not options.registry:
         raise RecipeError("--push needs a registry", field="--registry",
                           fix="pass --registry HOST or set IMGFAB_REGISTRY")
@@ -101,15 +106,75 @@ def _check_options(options: BuildOptions) -> None:
                           fix="use --network host (to reach an index on 127.0.0.1)")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_pip_index_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host and no control characters or spaces;
+    RecipeError otherwise (the message never shows its password)."""
+    parts = urllib.parse.urlsplit(url) if not _CONTROL.search(url) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+            or " " in url or len(url) > 2048:
+        raise RecipeError(f"{redact(repr(url)[:200])} is not an http(s) URL", field="--pip-index-url",
+                          fix="e.g. https://pypi.example.com/simple (no spaces or line breaks)")
+    return url
+
+
+def pip_conf_text(settings: dict[str, str]) -> str:
+    """A pip.conf ``[global]`` section of ``settings``, refusing any key or value that could
+    start another line or section (control characters, ``[``/``=`` in keys)."""
+    lines = ["[global]"]
+    for key, value in settings.items():
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or _CONTROL.search(value) \
+                or value != value.strip():
+            raise RecipeError(f"pip setting {key} has a value pip.conf cannot hold",
+                              field="--pip-index-url",
+                              fix="remove line breaks and control characters")
+        lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"
+
+
 def _pip_conf(index_url: str, directory: Path) -> Path:
-    lines = ["[global]", f"index-url = {index_url}"]
+    settings = {"index-url": check_pip_index_url(index_url)}
     for variable, key in sorted(_PIP_ENV_SETTINGS.items()):
-        if os.environ.get(variable):
-            lines.append(f"{key} = {os.environ[variable]}")
+        value = os.environ.get(variable)
+        if value:
+            if not re.fullmatch(r"[0-9]{1,4}", value):
+                raise RecipeError(f"{variable}={value[:20]!r} is not a whole number of at most "
+                                  "4 digits", field=variable, fix="e.g. 15")
+            settings[key] = value
     path = directory / "pip.conf"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    path.chmod(0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(pip_conf_text(settings))
+    os.chmod(path, 0o600)
     return path
+
+
+def pip_source_key(cache: Path | None = None) -> bytes:
+    """The random key of this build cache (``$XDG_CACHE_HOME/imgfab/pip-source.key``, made on
+    first use, mode 0600) that keys the pip-source fingerprint: a build arg that changes when
+    the index changes, and from which no password can be guessed without the key."""
+    root = cache or Path(os.environ.get("XDG_CACHE_HOME")
+                         or Path(os.path.expanduser("~")) / ".cache") / "imgfab"
+    path = root / "pip-source.key"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another build made it first
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(random_secrets.token_bytes(32))
+    return path.read_bytes()
+
+
+def pip_source_fingerprint(pip_conf: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of the pip configuration under this cache's ``key`` (16 hex digits)."""
+    return hmac.new(key, pip_conf, hashlib.sha256).hexdigest()[:16]
 
 
 def _compile_strategy(stack: Any, options: BuildOptions,
@@ -139,9 +204,9 @@ def _compile_two_phase(recipe_path: str, recipe: Any, stack: Any, context: Path,
     if options.weights is None:
         raise RecipeError("compiling a TensorRT engine needs the weights", field="--weights",
                           fix="pass --weights DIR (bind-mounted read-only, never copied)")
-    calibration = None
-    if recipe.engine.calibration is not None:
-        calibration = Path(recipe_path).resolve().parent / recipe.engine.calibration.prompts
+    from imgfab.recipe import calibration_file  # noqa: PLC0415
+
+    calibration = calibration_file(recipe, recipe_path)
     out = options.engine_out or Path("build") / f"{recipe.name}-compile"
     result = two_phase(context, recipe, stack, engine=engine, weights_dir=Path(options.weights),
                        calibration_file=calibration, out_dir=out, build_args=build_args,
@@ -179,8 +244,10 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     from imgfab.resolve import resolve  # noqa: PLC0415
     from imgfab.verify import policy_for, verify_image  # noqa: PLC0415
 
-    _check_options(options)
     recipe = load_recipe(recipe_path)
+    if options.registry is None and recipe.image.registry:  # --registry / IMGFAB_REGISTRY win
+        options = replace(options, registry=recipe.image.registry)
+    _check_options(options)
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
     strategy = _compile_strategy(stack, options, on_line)
@@ -199,8 +266,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
             secrets["ca-cert"] = Path(options.ca_cert)
         if options.pip_index_url:
             secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
-            build_args["IMGFAB_PIP_SOURCE"] = hashlib.sha256(
-                secrets["pip-conf"].read_bytes()).hexdigest()[:16]
+            build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
+                secrets["pip-conf"].read_bytes(), pip_source_key())
         if strategy == "two-phase":
             _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
         result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
@@ -309,6 +376,7 @@ class BuildProgress:
                                for line in self.tail))
 
     def line(self, text: str) -> None:
+        text = redact(text)
         if not self.rich:
             print(text, file=self.stream, flush=True)
             return

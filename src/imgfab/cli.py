@@ -89,14 +89,25 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
 @click.option("--output", "-o", type=click.Path(file_okay=False),
               help="Directory for the build context (default: build/<recipe name>).")
 @click.option("--driver", help="Resolve for this exact host driver instead of the recipe's floor.")
+@click.option("--force", is_flag=True,
+              help="Replace --output even when it holds something other than a previous render.")
 @compat_option
-def render(recipe: str, output: str | None, driver: str | None, compat_dir: str | None) -> None:
-    """Render RECIPE's build context: Dockerfile, lock file, run artifacts."""
+def render(recipe: str, output: str | None, driver: str | None, force: bool,
+           compat_dir: str | None) -> None:
+    """Render RECIPE's build context: Dockerfile, lock file, run artifacts.
+
+    An existing output directory is replaced only when it holds a previous render (or is
+    empty); anything else needs --force."""
     from imgfab.render import render_context, write_context
 
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
     files = render_context(parsed, resolution.stack, matrix)
-    target = write_context(files, Path(output) if output else Path("build") / parsed.name)
+    target = Path(output) if output else Path("build") / parsed.name
+    try:
+        write_context(files, target, force=force)
+    except OSError as exc:
+        raise ImgfabError(f"cannot write {target}: {exc.strerror or exc}", field="--output",
+                          fix="check the path and the free space") from None
     click.echo(f"rendered {len(files)} files into {target}")
 
 
@@ -183,7 +194,7 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                  backend: str | None, explain: bool, as_json: bool) -> None:
     """Print the digest reference of the newest published image that fits a host."""
     from imgfab import registry
-    from imgfab.errors import CompatibilityError
+    from imgfab.errors import CompatibilityError, RegistryError
     from imgfab.select import Published, choose, what_host_needs
 
     host = _host_gpu(driver, gpu)
@@ -192,9 +203,12 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     images = []
     for tag in registry.list_tags(repository, credentials):
         ref = f"{repository}:{tag}"
-        labels = registry.image_labels(ref, credentials)
-        digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
-        images.append(Published(repository, tag, digest, labels))
+        try:  # one tag the registry cannot describe is one rejected candidate
+            labels = registry.image_labels(ref, credentials)
+            digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
+            images.append(Published(repository, tag, digest, labels))
+        except RegistryError as error:
+            images.append(Published(repository, tag, "", {}, error=error.one_line()))
     best, candidates = choose(images, host, model=model, backend=backend)
     if as_json:
         click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,
@@ -435,6 +449,14 @@ def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | No
                                gpu_runner=gpu_runner), nl=False)
 
 
+def _usage_line(error: click.ClickException) -> str:
+    """A click error as one line: the command, what was wrong, where to read more."""
+    context = getattr(error, "ctx", None)
+    words = context.command_path.split()[1:] if context is not None else []
+    return RecipeError(error.format_message().rstrip("."), field=" ".join(words) or None,
+                       fix=f"see `{' '.join(['imgfab', *words])} --help`").one_line()
+
+
 def main() -> None:
     """Console entry point: run the CLI, turning imgfab errors into one line and an exit code."""
     debug = "--debug" in sys.argv[1:]
@@ -447,8 +469,8 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("imgfab: aborted", err=True)
         sys.exit(1)
-    except click.ClickException as error:
-        error.show()
+    except click.ClickException as error:  # usage errors: one line, exit 2, like ours
+        click.echo(f"imgfab: {_usage_line(error)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

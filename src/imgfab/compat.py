@@ -8,7 +8,8 @@ image for its CUDA — recording why in :attr:`Matrix.dropped`, so the resolver 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -397,6 +398,10 @@ def load_matrix(directory: Path | None = None) -> Matrix:
         for row in _records(_read(directory, "backends.yaml"), "backends", "backends.yaml")
     }
 
+    for record in (*toolkits.values(), *minor_compat.values(), *images, *os_releases.values(),
+                   *gpus, *precisions, *torch.values(), *releases, *profiles.values(),
+                   *(jit for profile in profiles.values() for jit in profile.jit_toolchains)):
+        validate_record(record)
     matrix = Matrix(toolkits=toolkits, minor_compat=minor_compat, images=images,
                     os_releases=os_releases, gpus=gpus, precisions=precisions, torch=torch,
                     releases=[], profiles=profiles, runtimes=runtimes,
@@ -412,6 +417,51 @@ def _jit_toolchains(row: dict[str, Any]) -> tuple[Any, ...]:
         return parse_jit_toolchains(row.get("jit_toolchains"), f"backends.yaml {row.get('backend')}")
     except ValueError as exc:
         raise MatrixError(str(exc), field="compat/backends.yaml") from None
+
+
+# compat data is validated like recipe data: values reach Dockerfiles, lock files and labels.
+# No record value may hold a control character (a newline would start a Dockerfile
+# instruction); fields that reach a Dockerfile or a shell must fully match their pattern.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_VERSION = r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}"
+_SPECIFIER = r"[<>=!~]{0,3}[ ]*[0-9A-Za-z.*+_-]{1,64}([ ]*,[ ]*[<>=!~]{1,3}[ ]*[0-9A-Za-z.*+_-]{1,64}){0,7}"
+_FIELD_PATTERNS: dict[str, str] = {
+    "version": _VERSION, "cuda": _VERSION, "min_driver": r"([0-9]{1,4}(\.[0-9]{1,4}){0,2})?",
+    "os": r"[a-z][a-z0-9.]{0,31}", "name": r"[A-Za-z0-9][A-Za-z0-9 ._()-]{0,63}",
+    "flavors": r"[a-z][a-z0-9-]{0,31}", "runtime_flavor": r"[a-z][a-z0-9-]{0,31}",
+    "python": rf"({_SPECIFIER})?", "torch": rf"({_SPECIFIER})?", "tensorrt": rf"({_SPECIFIER})?",
+    "compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
+    "cuda_archs": r"[0-9]{1,2}\.[0-9]{1,2}[af]?", "python_versions": r"[0-9]\.[0-9]{1,2}",
+    "wheel_tags": r"[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,80}",
+    "base_image": r"([a-z0-9][a-z0-9._/:@-]{0,255})?",
+    # Debian package names (Policy 5.6.1), and the tool names verify knows
+    "system_packages": r"[a-z0-9][a-z0-9+.-]{0,127}", "runtime_packages": r"[a-z0-9][a-z0-9+.-]{0,127}",
+    "builder_packages": r"[a-z0-9][a-z0-9+.-]{0,127}", "runtime_toolchain": r"[a-z0-9][a-z0-9+.-]{0,127}",
+    "weights_required": r"[A-Za-z0-9._*|,-]{1,256}", "backend": r"[a-z][a-z0-9-]{0,31}",
+    "precision": r"[a-z][a-z0-9_]{0,31}",
+}
+_MAX_TEXT = 4096  # notes, sources, limits: prose, but bounded
+
+
+def validate_record(record: Any) -> None:
+    """Raise MatrixError when a field of a compat ``record`` holds a control character, is
+    longer than a bound, or (for a field that reaches a Dockerfile) does not fully match its
+    pattern."""
+    kind = type(record).__name__
+    for spec in fields(record):
+        value = getattr(record, spec.name)
+        values = value if isinstance(value, tuple) else (value,)
+        for item in values:
+            if not isinstance(item, str):
+                continue
+            pattern = _FIELD_PATTERNS.get(spec.name)
+            if _CONTROL.search(item) or len(item) > _MAX_TEXT or (
+                    pattern is not None and not re.fullmatch(pattern, item)):
+                shown = item if len(item) <= 40 else item[:40] + "…"
+                raise MatrixError(f"compat {kind} field {spec.name} = {shown!r} is not valid "
+                                  "compat data", field="compat",
+                                  fix="fix the record (values reach Dockerfiles: no line breaks, "
+                                      "only the characters its kind allows)")
 
 
 def _opt(value: Any) -> str | None:

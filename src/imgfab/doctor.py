@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from imgfab.probe import HostFacts, load_nvml, read_host
-from imgfab.select import driver_verdict, gpu_verdicts, is_imgfab_image
+from imgfab.select import driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
 
 GIB = 1024**3
 
@@ -172,14 +172,22 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
 
 def image_findings(labels: dict[str, str], host: HostFacts) -> list[Finding]:
     """Would this image (its config labels) run here? The rules `select` applies, no layer pulled."""
+    problem = label_problem(labels)
+    if problem is not None:
+        return [Finding("image", "error", f"the image's labels cannot be read: {problem}",
+                        "rebuild it with imgfab build")]
     if not is_imgfab_image(labels):
         return [Finding("image", "error", "the image has no org.imgfab labels (not built by imgfab)",
                         "rebuild it with imgfab build")]
     if host.error or not host.driver:
         return [Finding("image", "info", "no GPU driver here: the image's driver/arch rules cannot be checked")]
-    verdicts = [driver_verdict(labels, host.driver)]
-    for gpu in host.gpus:
-        verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability)
+    try:
+        verdicts = [driver_verdict(labels, host.driver)]
+        for gpu in host.gpus:
+            verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return [Finding("image", "error", f"the image's org.imgfab labels cannot be read: "
+                        f"{str(exc)[:120]}", "rebuild it with imgfab build")]
     return [Finding(f"image-{v.check}", "ok" if v.ok else "error", v.reason, v.fix) for v in verdicts]
 
 

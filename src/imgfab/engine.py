@@ -166,10 +166,14 @@ def push_image(local_ref: str, repository: str, tag: str, *,
     """
     from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
     from requests.exceptions import RequestException  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: PLC0415
 
     from imgfab.errors import RegistryError  # noqa: PLC0415
 
     client = _client()
+    # A first push into a new repository uploads every layer; the daemon's stream stays quiet
+    # for minutes while layers wait, past the SDK's 60 s read timeout.
+    client.api.timeout = _SAVE_TIMEOUT_S
     try:
         client.api.tag(local_ref, repository, tag, force=True)
     except ImageNotFound:
@@ -200,7 +204,7 @@ def push_image(local_ref: str, repository: str, tag: str, *,
     except DockerException as exc:
         raise EngineError(f"docker push {repository}:{tag} failed: {_one_line(exc)}",
                           field="engine", fix="check the engine is reachable") from None
-    except RequestException as exc:
+    except (RequestException, Urllib3Error) as exc:  # the stream is read through urllib3
         raise EngineError(f"the engine dropped the push of {repository}:{tag}: "
                           f"{_one_line(exc)}", field="engine",
                           fix="check the engine is reachable") from None
@@ -314,10 +318,23 @@ def docker_cli() -> str:
     return cli
 
 
-def _build_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["DOCKER_BUILDKIT"] = "1"
+# What a child process (the docker CLI, a credential helper) never inherits: imgfab's own
+# settings (the registry password, a pip index URL with credentials) and anything named like
+# a secret.
+_SECRET_NAME = re.compile(r"^IMGFAB_|PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY",
+                          re.IGNORECASE)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: this one's, scrubbed of :data:`_SECRET_NAME`
+    variables, plus ``extra``."""
+    env = {key: value for key, value in os.environ.items() if not _SECRET_NAME.search(key)}
+    env.update(extra or {})
     return env
+
+
+def _build_env() -> dict[str, str]:
+    return child_env({"DOCKER_BUILDKIT": "1"})
 
 
 def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),

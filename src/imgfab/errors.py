@@ -6,6 +6,20 @@ registry, the network). Each error renders as one line: ``<field>: <what>; <fix>
 
 from __future__ import annotations
 
+import re
+
+# C0/C1 control characters and DEL: a message never carries a terminal escape.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The password of a URL's user info: scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` URL replaced by
+    ``***``. Applied to every error line, every build log line shown and every ``--json``
+    report."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
 
 class ImgfabError(Exception):
     """Base class. ``field`` names what was wrong, ``fix`` says what to do about it."""
@@ -23,7 +37,7 @@ class ImgfabError(Exception):
         text = f"{self.field}: {self.message}" if self.field else self.message
         if self.fix:
             text = f"{text}; fix: {self.fix}"
-        return " ".join(text.split())
+        return redact(" ".join(_CONTROL.sub(" ", text).split()))
 
 
 class RecipeError(ImgfabError):

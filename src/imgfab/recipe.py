@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import posixpath
 import re
+import stat
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,16 +25,58 @@ from imgfab.rules import POLICIES, STRICT, parse_version
 
 # A value that reaches a Dockerfile, a shell script or a YAML manifest: no whitespace, quotes,
 # or shell metacharacters. Hugging Face ids are "org/name" with [A-Za-z0-9._-].
-_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
-_ABS_PATH = re.compile(r"^/[A-Za-z0-9._/-]{0,255}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Every pattern is used with fullmatch (``$`` would let a trailing newline through) and spells
+# digits [0-9] (``\d`` also matches other scripts' digits).
+_HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+_ABS_PATH = re.compile(r"/[A-Za-z0-9._/-]{0,255}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 # A DNS-1123 label that starts with a letter: it names the container, the Kubernetes objects
 # (Deployment, Service, PVC) and the build directory, and must stay a string in YAML.
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-_REPOSITORY = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-_REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
-_SIZE = re.compile(r"^[0-9]+[kmgKMG]?$")
-_DRIVER_SPEC = re.compile(r"^>=\s*(\d+(\.\d+){0,2})$")
+_REPOSITORY = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*")
+_REGISTRY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?")
+_SIZE = re.compile(r"([0-9]{1,13})([kmgKMG]?)")
+_DRIVER_SPEC = re.compile(r">=[ ]*([0-9]{1,4}(\.[0-9]{1,4}){0,2})")
+# A calibration file, relative to the recipe: no leading '/', '-' or '.', no '..' component.
+_RELATIVE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,15}")
+# Paths the image itself owns (its code, venv, user, system trees, the engine cache, build
+# secrets): the weights mount must neither be one of them, nor lie under one, nor contain one.
+IMAGE_OWNED_PATHS = ("/bin", "/boot", "/dev", "/etc", "/home/imgfab", "/lib", "/lib32", "/lib64",
+                     "/libx32", "/opt/imgfab", "/opt/nvidia", "/opt/venv", "/proc", "/root",
+                     "/run", "/sbin", "/sys", "/tmp", "/usr", "/var")
+# Bounds on sizes: /dev/shm below 64 MiB cannot hold NCCL's buffers; 4 TiB is past any host.
+SHM_MIN_BYTES = 64 * 1024**2
+SHM_MAX_BYTES = 4 * 1024**4
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+# What load_recipe reads: a regular file of at most this many bytes, with at most this many
+# YAML aliases (a "billion laughs" recipe is refused before it expands) and this nesting depth.
+MAX_RECIPE_BYTES = 256 * 1024
+MAX_ALIASES = 64
+MAX_DEPTH = 32
+# Calibration prompt files: regular files inside the recipe's directory, at most this size.
+MAX_CALIBRATION_BYTES = 64 * 1024**2
+_EXCERPT = 60
+
+
+def excerpt(value: Any, limit: int = _EXCERPT) -> str:
+    """A short ``repr`` of a user value for an error message (never the whole value)."""
+    text = repr(value) if not isinstance(value, (dict, list)) else f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def normalise_mount(value: str) -> str:
+    """``value`` as an absolute normalised path (``/models//x/.`` → ``/models/x``); raises
+    ValueError for a path the image owns (see :data:`IMAGE_OWNED_PATHS`) or the root."""
+    path = posixpath.normpath(value)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if path == "/":
+        raise ValueError("must not be /")
+    for owned in IMAGE_OWNED_PATHS:
+        if path == owned or path.startswith(owned + "/") or owned.startswith(path + "/"):
+            raise ValueError(f"{path} collides with {owned}, which the image owns; mount the "
+                             "weights elsewhere, e.g. /models/<name>")
+    return path
 
 
 class Backend(str, Enum):
@@ -62,7 +107,7 @@ class ModelSpec(_Strict):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not (_HF_ID.match(value) or _ABS_PATH.match(value)) or ".." in value:
+        if not (_HF_ID.fullmatch(value) or _ABS_PATH.fullmatch(value)) or ".." in value:
             raise ValueError("must be a Hugging Face id like 'Qwen/Qwen2-7B-Instruct' or an "
                              "absolute path of [A-Za-z0-9._/-] (no spaces, newlines or shell "
                              "metacharacters)")
@@ -71,7 +116,7 @@ class ModelSpec(_Strict):
     @field_validator("revision")
     @classmethod
     def _revision(cls, value: str | None) -> str | None:
-        if value is not None and not _COMMIT.match(value):
+        if value is not None and not _COMMIT.fullmatch(value):
             raise ValueError("must be a full 40-hex commit id (a branch or tag is not pinned); "
                              "copy it from the model's 'Files and versions' history")
         return value
@@ -79,9 +124,9 @@ class ModelSpec(_Strict):
     @field_validator("mount_path")
     @classmethod
     def _mount(cls, value: str) -> str:
-        if not _ABS_PATH.match(value) or ".." in value or value.rstrip("/") in ("", "/opt", "/usr"):
+        if not _ABS_PATH.fullmatch(value) or ".." in value.split("/"):
             raise ValueError("must be an absolute path of [A-Za-z0-9._/-], e.g. /models/qwen2-7b")
-        return value.rstrip("/")
+        return normalise_mount(value)
 
     @model_validator(mode="after")
     def _pinned(self) -> "ModelSpec":
@@ -93,10 +138,11 @@ class ModelSpec(_Strict):
 class TargetSpec(_Strict):
     """The GPU fleet the image is for."""
 
-    gpu: str = Field(description="GPU name from compat/gpus.yaml, e.g. H100-SXM, L4, A100-80GB")
+    gpu: str = Field(max_length=64,
+                     description="GPU name from compat/gpus.yaml, e.g. H100-SXM, L4, A100-80GB")
     count: Annotated[int, Field(ge=1, le=64)] = Field(1, description="GPUs per replica (tensor parallel size)")
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    driver: str = Field(description="Driver floor the fleet guarantees, e.g. '>=535.104.05'")
+    driver: str = Field(max_length=32, description="Driver floor the fleet guarantees, e.g. '>=535.104.05'")
     driver_policy: Literal["strict", "minor-compat", "forward-compat"] = Field(
         STRICT, description="strict: image CUDA ≤ what the driver ships; minor-compat: CUDA "
                             "minor-version compatibility within the major (with its limits); "
@@ -106,20 +152,20 @@ class TargetSpec(_Strict):
     @field_validator("driver")
     @classmethod
     def _driver(cls, value: str) -> str:
-        if not _DRIVER_SPEC.match(value.strip()):
+        if not _DRIVER_SPEC.fullmatch(value.strip(" ")):
             raise ValueError("must be a floor like '>=535.104.05' (the oldest driver in the fleet)")
-        return value.strip()
+        return value.strip(" ")
 
     @property
     def driver_floor(self) -> str:
-        match = _DRIVER_SPEC.match(self.driver)
+        match = _DRIVER_SPEC.fullmatch(self.driver)
         assert match
         return match.group(1)
 
 
 class BackendSpec(_Strict):
     name: Backend
-    version: str | None = Field(None, description="PEP 440 specifier, e.g. '>=0.10,<0.12' or '==0.11.0'")
+    version: str | None = Field(None, max_length=100, description="PEP 440 specifier, e.g. '>=0.10,<0.12' or '==0.11.0'")
     trtllm_path: Literal["pytorch", "engine"] | None = Field(
         None, description="TensorRT-LLM only: serve a checkpoint with the PyTorch backend, or a "
                           "compiled TensorRT engine")
@@ -153,8 +199,9 @@ class CalibrationSpec(_Strict):
     @field_validator("prompts")
     @classmethod
     def _prompts(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9._/-]+$", value) or ".." in value.split("/"):
-            raise ValueError("must be a relative path of [A-Za-z0-9._/-] without '..'")
+        if not _RELATIVE_PATH.fullmatch(value):
+            raise ValueError("must be a path relative to the recipe's directory, of "
+                             "[A-Za-z0-9._/-], not starting with '/', '-' or '.', without '..'")
         return value
 
 
@@ -205,7 +252,7 @@ class ServeSpec(_Strict):
     @field_validator("served_model_name")
     @classmethod
     def _served(cls, value: str | None) -> str | None:
-        if value is not None and not _HF_ID.match(value):
+        if value is not None and not _HF_ID.fullmatch(value):
             raise ValueError("must be [A-Za-z0-9._-] with at most one '/'")
         return value
 
@@ -231,22 +278,27 @@ class ImageSpec(_Strict):
     @field_validator("registry")
     @classmethod
     def _registry(cls, value: str | None) -> str | None:
-        if value is not None and not _REGISTRY.match(value):
+        if value is not None and not _REGISTRY.fullmatch(value):
             raise ValueError("must be host[:port], e.g. registry.example.com or 127.0.0.1:5000")
         return value
 
     @field_validator("repository")
     @classmethod
     def _repository(cls, value: str) -> str:
-        if not _REPOSITORY.match(value):
-            raise ValueError("must be lowercase path components like 'llm/qwen2-7b'")
+        if len(value) > 255 or not _REPOSITORY.fullmatch(value):
+            raise ValueError("must be lowercase path components like 'llm/qwen2-7b' "
+                             "(at most 255 characters)")
         return value
 
     @field_validator("shm_size")
     @classmethod
     def _shm(cls, value: str) -> str:
-        if not _SIZE.match(value):
+        match = _SIZE.fullmatch(value)
+        if not match:
             raise ValueError("must be a size like 16g or 1024m")
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+        if not SHM_MIN_BYTES <= size <= SHM_MAX_BYTES:
+            raise ValueError("must be between 64m and 4096g (NCCL needs room in /dev/shm)")
         return value.lower()
 
 
@@ -315,7 +367,11 @@ def _error_line(err: dict[str, Any]) -> tuple[str, str]:
     elif err.get("type") == "missing":
         msg = "required field is missing"
     elif err.get("type") in ("enum", "literal_error"):
-        msg = f"{msg} (got {err.get('input')!r})"
+        msg = f"{msg} (got {excerpt(err.get('input'))})"
+    if len(msg) > 300:
+        msg = msg[:300] + "…"
+    if len(loc) > 120:
+        loc = loc[:120] + "…"
     return loc or "recipe", msg
 
 
@@ -334,22 +390,98 @@ def parse_recipe(data: Any, *, source: str = "recipe") -> Recipe:
         raise RecipeError(str(exc), field="recipe") from None
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a recipe file. Raises RecipeError (exit 2) on any problem."""
+def read_regular(path: str | Path, limit: int, *, field: str = "recipe") -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most ``limit`` bytes; otherwise
+    RecipeError. Opened without blocking, so a FIFO or a device is refused, not waited on."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise RecipeError(f"no such file: {path}", field="recipe") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"cannot read {path}: {exc.__class__.__name__}", field="recipe") from None
+        raise RecipeError(f"no such file: {path}", field=field) from None
+    except OSError as exc:
+        raise RecipeError(f"cannot read {path}: {exc.strerror or exc.__class__.__name__}",
+                          field=field) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RecipeError(f"{path} is not a regular file", field=field,
+                          fix="give a regular file (not a directory, device or FIFO)")
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise RecipeError(f"cannot read {path}: {exc.strerror or exc.__class__.__name__}",
+                              field=field) from None
+    if len(data) > limit:
+        raise RecipeError(f"{path} is larger than {limit} bytes", field=field,
+                          fix="recipes are small YAML files; check the path")
+    return data
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with at most :data:`MAX_ALIASES` aliases and :data:`MAX_DEPTH`
+    levels of nesting (so neither an alias bomb nor deep nesting runs without bound)."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise RecipeError(f"more than {MAX_ALIASES} YAML aliases", field="recipe",
+                                  fix="write the values out; recipes need no anchors")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise RecipeError(f"YAML nested deeper than {MAX_DEPTH} levels", field="recipe",
+                                  fix="recipes are a few levels deep; check the file")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe file. Raises RecipeError (exit 2) on any problem: a missing
+    file, one that is not a regular file of at most :data:`MAX_RECIPE_BYTES`, bad YAML, too
+    many aliases or too deep, or a field that fails validation."""
+    path = Path(path)
+    raw = read_regular(path, MAX_RECIPE_BYTES)
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path} is not UTF-8 text", field="recipe") from None
+    try:
+        loader = _BoundedLoader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise RecipeError(f"{path} is not valid YAML{where}", field="recipe") from None
+    except (ValueError, RecursionError, OverflowError) as exc:  # e.g. a 5000-digit integer
+        raise RecipeError(f"{path} holds a value YAML cannot load ({exc.__class__.__name__})",
+                          field="recipe", fix="check for huge numbers or deep nesting") from None
     return parse_recipe(data, source=str(path))
+
+
+def calibration_file(recipe: Recipe, recipe_path: str | Path) -> Path | None:
+    """The calibration prompt file of ``recipe`` loaded from ``recipe_path``: inside the
+    recipe's directory once symlinks are resolved, a regular file of at most
+    :data:`MAX_CALIBRATION_BYTES`. None without calibration; RecipeError otherwise."""
+    if recipe.engine.calibration is None:
+        return None
+    base = Path(recipe_path).resolve().parent
+    target = (base / recipe.engine.calibration.prompts).resolve()
+    if not target.is_relative_to(base):
+        raise RecipeError(f"{recipe.engine.calibration.prompts} leaves the recipe's directory",
+                          field="engine.calibration.prompts",
+                          fix="keep the prompt file next to the recipe")
+    read_regular(target, MAX_CALIBRATION_BYTES, field="engine.calibration.prompts")
+    return target
 
 
 def recipe_json_schema() -> dict[str, Any]:

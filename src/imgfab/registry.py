@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,6 +44,10 @@ _TRANSIENT = re.compile(
     r"connection reset|connection refused|broken pipe|\bEOF\b|timeout|timed out|"
     r"temporarily unavailable|no route to host|unexpected HTTP status: 5\d\d|"
     r"status(?: code)?:? 5\d\d|\b50[0-4]\b|too many requests|\b429\b", re.IGNORECASE)
+# Pagination: at most this many pages of tags (100 000 tags at the default page size).
+MAX_PAGES = 1000
+# Anything a terminal would interpret (C0/C1 controls, DEL): never echoed from a registry.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _AUTH = re.compile(r"unauthorized|authentication required|denied|\b401\b|\b403\b|"
                    r"no basic auth credentials", re.IGNORECASE)
 
@@ -97,17 +102,39 @@ def _api_host(host: str) -> str:
     return _HUB_API if host in (DOCKER_HUB, "index.docker.io") else host
 
 
-def _scheme(host: str) -> str:
+def _is_loopback(host: str) -> bool:
+    """``host`` (``name``, ``name:port``, ``[v6]:port`` or a bare IP) is this machine."""
     if host.startswith("["):  # [::1]:5000
         bare = host[1:].split("]", 1)[0]
     else:
         bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     if bare == "localhost":
-        return "http"
+        return True
     try:
-        return "http" if ipaddress.ip_address(bare).is_loopback else "https"
+        return ipaddress.ip_address(bare).is_loopback
     except ValueError:
-        return "https"
+        return False
+
+
+def _scheme(host: str) -> str:
+    return "http" if _is_loopback(host) else "https"
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """Registry-supplied ``text`` made safe to print: control characters (terminal escapes,
+    newlines) become spaces, and at most ``limit`` characters are kept."""
+    clean = " ".join(_CONTROL.sub(" ", str(text)).split())
+    return clean if len(clean) <= limit else clean[:limit] + "…"
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port made explicit."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        port = -1
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
 # --- credentials ------------------------------------------------------------------------------
@@ -250,8 +277,10 @@ def _from_helper(registry: str, helper: str, server: str) -> Credentials | None:
                             f"{program} is not on PATH", field="registry",
                             fix=f"install {program}, or remove it from the Docker config")
     try:
+        from imgfab.engine import child_env  # noqa: PLC0415
+
         result = subprocess.run([program, "get"], input=server, capture_output=True, text=True,
-                                timeout=30, check=False)
+                                timeout=30, check=False, env=child_env())
     except subprocess.TimeoutExpired:
         raise RegistryError(f"{program} get did not answer within 30s", field="registry",
                             fix="unlock the keychain / check the helper") from None
@@ -290,7 +319,7 @@ class _Client:
                 allow: tuple[int, ...] = ()) -> Any:
         """``method`` ``path`` (or an absolute URL); returns the response when its status is
         2xx or in ``allow``; raises :class:`RegistryError` otherwise."""
-        url = path if path.startswith(("http://", "https://")) else self.base + path
+        url = self.resolve(path)
         response = self._send(method, url, scope, headers)
         if response.status_code == 401 and scope not in self._authorization:
             self._authorization[scope] = self._answer(response, scope)
@@ -305,11 +334,23 @@ class _Client:
                             f"{method} {url.split('?')[0]}: {_error_text(response)}",
                             field="registry", fix="check the reference and the registry log")
 
+    def resolve(self, path: str, relative_to: str | None = None) -> str:
+        """``path`` (a path, or a URL the registry sent) resolved against ``relative_to`` (the
+        URL it came with), else this registry's base. A URL on another scheme, host or port raises :class:`RegistryError`: the credentials
+        issued for this registry never go anywhere else."""
+        url = urllib.parse.urljoin(relative_to or self.base + "/", path)
+        if _origin(url) != _origin(self.base):
+            raise RegistryError(f"registry {self.host} pointed imgfab at another server "
+                                f"({printable(urllib.parse.urlsplit(url).netloc, 80)}); "
+                                "its credentials are not sent there", field="registry",
+                                fix="use the registry's own host, or check for a man in the middle")
+        return url
+
     def _send(self, method: str, url: str, scope: str, headers: dict[str, str] | None) -> Any:
         import requests  # noqa: PLC0415
 
         merged = dict(headers or {})
-        if scope in self._authorization:
+        if scope in self._authorization and _origin(url) == _origin(self.base):
             merged["Authorization"] = self._authorization[scope]
         try:
             return self.session.request(method, url, headers=merged, timeout=_TIMEOUT)
@@ -328,9 +369,16 @@ class _Client:
             raw = f"{self.credentials.username}:{self.credentials.password}".encode()
             return "Basic " + base64.b64encode(raw).decode()
         if kind.lower() == "bearer" and params.get("realm"):
+            realm = urllib.parse.urlsplit(params["realm"])
+            if realm.scheme != "https" and not (realm.scheme == "http"
+                                                and _is_loopback(realm.hostname or "")):
+                raise RegistryError(f"registry {self.host} sent a token realm that is not https "
+                                    f"({printable(params['realm'], 80)}); no credentials sent",
+                                    field="registry",
+                                    fix="configure the registry's token service with an https realm")
             return "Bearer " + self._token(params, scope)
         raise RegistryError(f"registry {self.host} sent an auth challenge imgfab does not "
-                            f"speak: {kind or 'none'}", field="registry",
+                            f"speak: {printable(kind, 40) or 'none'}", field="registry",
                             fix="use a registry with Basic or Bearer token auth")
 
     def _token(self, params: dict[str, str], scope: str) -> str:
@@ -346,16 +394,16 @@ class _Client:
             answer = self.session.get(params["realm"], params={k: v for k, v in query.items() if v},
                                       auth=auth, timeout=_TIMEOUT)
         except requests.exceptions.RequestException as exc:
-            raise _unreachable(params["realm"], exc) from None
+            raise _unreachable(printable(params["realm"], 80), exc) from None
         if answer.status_code in (401, 403):
             raise self._refused(answer.status_code)
         if not answer.ok:
-            raise RegistryError(f"token server {params['realm']} answered {answer.status_code}",
+            raise RegistryError(f"token server {printable(params['realm'], 80)} answered {answer.status_code}",
                                 field="registry", fix="check the registry's token service")
         body = answer.json()
         token = body.get("token") or body.get("access_token")
         if not token:
-            raise RegistryError(f"token server {params['realm']} returned no token",
+            raise RegistryError(f"token server {printable(params['realm'], 80)} returned no token",
                                 field="registry", fix="check the registry's token service")
         return str(token)
 
@@ -374,9 +422,10 @@ class _Client:
 def _error_text(response: Any) -> str:
     try:
         errors = response.json().get("errors") or []
-        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or response.reason
-    except ValueError:
-        return str(response.reason)
+        text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or response.reason
+    except (ValueError, AttributeError):
+        text = str(response.reason)
+    return printable(str(text))
 
 
 def _unreachable(host: str, exc: BaseException) -> RegistryError:
@@ -445,23 +494,38 @@ def list_tags(repository_ref: str, credentials: Credentials | None = None, *,
     """
     parsed = ImageRef.parse(repository_ref)
     client = _client_for(parsed, credentials)
-    url: str | None = f"/v2/{parsed.repository}/tags/list?n={page_size}"
+    url: str | None = client.resolve(f"/v2/{parsed.repository}/tags/list?n={page_size}")
     tags: list[str] = []
+    visited: set[str] = set()
     while url:
+        if url in visited or len(visited) >= MAX_PAGES:
+            raise RegistryError(f"registry {parsed.host} paginated the tags of "
+                                f"{parsed.repository} in a loop or past {MAX_PAGES} pages",
+                                field="registry", fix="check the registry's Link headers")
+        visited.add(url)
         response = client.request("GET", url, scope=_pull_scope(parsed), allow=(404,))
         if response.status_code == 404:
             return tags
-        tags.extend(response.json().get("tags") or [])
-        url = _next_link(response.headers.get("Link", ""), client.base)
+        try:
+            page = response.json().get("tags") or []
+        except (ValueError, AttributeError):
+            page = None
+        if not isinstance(page, list) or not all(isinstance(t, str) for t in page):
+            raise RegistryError(f"registry {parsed.host} answered the tag list of "
+                                f"{parsed.repository} with something that is not a list of tags",
+                                field="registry", fix="check the registry")
+        tags.extend(page)
+        url = _next_link(response.headers.get("Link", ""), client, url)
     return tags
 
 
-def _next_link(header: str, base: str) -> str | None:
+def _next_link(header: str, client: _Client, page: str) -> str | None:
+    """The ``rel="next"`` URL of a ``Link`` header, resolved against the ``page`` it came with (a
+    link to another scheme, host or port raises :class:`RegistryError`)."""
     match = re.search(r'<([^>]+)>\s*;\s*rel="?next"?', header)
     if not match:
         return None
-    target = match.group(1)
-    return target if target.startswith(("http://", "https://")) else base + target
+    return client.resolve(match.group(1), page)
 
 
 def image_config(ref: str, credentials: Credentials | None = None, *,
@@ -477,30 +541,56 @@ def image_config(ref: str, credentials: Credentials | None = None, *,
     manifest = _get_manifest(client, parsed, parsed.reference)
     if manifest.get("mediaType") in _INDEX_TYPES or "manifests" in manifest:
         os_name, _, arch = platform.partition("/")
-        choices = [m for m in manifest.get("manifests", [])
-                   if (m.get("platform") or {}).get("os") == os_name
-                   and (m.get("platform") or {}).get("architecture") == arch]
+        entries = manifest.get("manifests")
+        entries = [m for m in entries if isinstance(m, dict)] if isinstance(entries, list) else []
+
+        def platform_of(entry: dict[str, Any]) -> tuple[Any, Any]:
+            where = entry.get("platform") if isinstance(entry.get("platform"), dict) else {}
+            return where.get("os"), where.get("architecture")
+
+        choices = [m for m in entries if platform_of(m) == (os_name, arch)]
         if not choices:
-            offered = sorted({f"{(m.get('platform') or {}).get('os')}/"
-                              f"{(m.get('platform') or {}).get('architecture')}"
-                              for m in manifest.get("manifests", [])})
+            offered = sorted({printable(f"{o}/{a}", 40) for o, a in map(platform_of, entries)})
             raise RegistryError(f"{ref} has no {platform} image (offers {', '.join(offered)})",
                                 field="image", fix="pick a multi-arch tag that includes it")
-        manifest = _get_manifest(client, parsed, choices[0]["digest"])
-    digest = (manifest.get("config") or {}).get("digest")
+        manifest = _get_manifest(client, parsed, _checked_digest(choices[0].get("digest"), ref))
+    config = manifest.get("config")
+    digest = config.get("digest") if isinstance(config, dict) else None
     if not digest:
         raise RegistryError(f"{ref}: the manifest names no config blob", field="image",
                             fix="schema 1 manifests are not supported; re-push the image")
+    digest = _checked_digest(digest, ref)
     body = client.request("GET", f"/v2/{parsed.repository}/blobs/{digest}", scope=scope).content
     if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
         raise RegistryError(f"{ref}: config blob does not match its digest {digest}",
                             field="image", fix="the registry storage is corrupt; re-push")
-    return json.loads(body)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise RegistryError(f"{printable(ref, 200)}: the config blob is not JSON", field="image",
+                            fix="rebuild and re-push the image") from None
+
+
+def _checked_digest(digest: Any, ref: str) -> str:
+    """``digest`` when it is ``sha256:<64 hex>``; RegistryError otherwise (it becomes a URL path)."""
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise RegistryError(f"{printable(ref, 200)}: the manifest names a digest that is not "
+                            f"sha256:<64 hex> ({printable(str(digest), 40)})", field="image",
+                            fix="re-push the image")
+    return digest
 
 
 def image_labels(ref: str, credentials: Credentials | None = None) -> dict[str, str]:
-    """The ``config.Labels`` of ``ref``'s image config (empty when it has none)."""
-    return (image_config(ref, credentials).get("config") or {}).get("Labels") or {}
+    """The ``config.Labels`` of ``ref``'s image config (empty when it has none); a config
+    whose labels are not a mapping of strings raises :class:`RegistryError`."""
+    config = image_config(ref, credentials)
+    section = config.get("config") if isinstance(config, dict) else None
+    labels = (section.get("Labels") if isinstance(section, dict) else None) or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in labels.items()):
+        raise RegistryError(f"{printable(ref, 200)}: the image config's labels are not a "
+                            "mapping of strings", field="image", fix="rebuild the image")
+    return labels
 
 def _get_manifest(client: _Client, ref: ImageRef, reference: str) -> dict[str, Any]:
     response = client.request("GET", f"/v2/{ref.repository}/manifests/{reference}",
@@ -509,7 +599,14 @@ def _get_manifest(client: _Client, ref: ImageRef, reference: str) -> dict[str, A
     if response.status_code == 404:
         raise RegistryError(f"{ref.name}:{reference} is not in registry {ref.host}",
                             field="image", fix="check the repository and tag")
-    return response.json()
+    try:
+        manifest = response.json()
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise RegistryError(f"{ref.name}:{printable(reference, 80)}: the manifest is not a JSON "
+                            "object", field="image", fix="re-push the image")
+    return manifest
 
 
 def retarget(image: str, registry: str) -> str:

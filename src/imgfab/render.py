@@ -398,30 +398,96 @@ def _lock(recipe: Recipe, stack: Stack, digest: str, tag: str, context: dict[str
          if context["engine"]["path"] else {})
 
 
-def write_context(files: dict[str, str], output: Path) -> Path:
+# The file every render directory carries: a directory with it may be replaced by the next
+# render; any other non-empty directory is the user's and is only replaced with force=True.
+RENDER_MARKER = ".imgfab-render"
+_MARKER_TEXT = "rendered by imgfab; `imgfab render -o` replaces this directory whole\n"
+_RENAME_EXCHANGE = 2  # renameat2(2) flag
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap the directories ``a`` and ``b`` (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the system or filesystem cannot."""
+    import ctypes  # noqa: PLC0415
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: fall back to two renames
+        return False
+    raise OSError(error, os.strerror(error), str(b))
+
+
+def _replaceable(output: Path, force: bool) -> bool:
+    """Whether ``output`` exists; RecipeError when it must not be replaced."""
+    resolved = output.resolve()
+    if resolved == Path(resolved.anchor) or Path.cwd().resolve().is_relative_to(resolved):
+        raise RecipeError(f"{output} is the root or holds the working directory; imgfab does "
+                          "not replace it", field="--output", fix="give a directory of its own")
+    if output.is_symlink():
+        raise RecipeError(f"{output} is a symbolic link; imgfab does not write through it",
+                          field="--output", fix="give a directory path")
+    if not output.exists():
+        return False
+    if not output.is_dir():
+        raise RecipeError(f"{output} exists and is not a directory", field="--output",
+                          fix="give a directory path")
+    if force or (output / RENDER_MARKER).is_file() or not any(output.iterdir()):
+        return True
+    raise RecipeError(f"{output} is not empty and holds no previous imgfab render; "
+                      "refusing to replace it", field="--output",
+                      fix="pick another directory, or pass --force to replace it whole")
+
+
+def write_context(files: dict[str, str], output: Path, *, force: bool = False) -> Path:
     """Write ``files`` into ``output`` atomically; returns ``output``.
 
-    Files go to a temporary sibling directory first; only a complete render is swapped in.
-    Scripts (``*.sh``) are made executable.
+    Files go to a temporary sibling directory first; only a complete render is swapped in, with
+    one atomic exchange (readers see the old render or the new one, never neither), and nothing
+    is left behind. ``output`` may be replaced only when it is absent, empty, or carries
+    :data:`RENDER_MARKER` from a previous render; anything else raises RecipeError unless
+    ``force``. Directories are 0755 and files 0644 (``*.sh`` 0755), whatever the umask.
     """
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    _replaceable(output, force)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        for relative, text in sorted(files.items()):
+        for relative, text in sorted({**files, RENDER_MARKER: _MARKER_TEXT}.items()):
             path = staging / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
+            for directory in reversed(path.relative_to(staging).parents[:-1]):
+                (staging / directory).mkdir(exist_ok=True)
+                os.chmod(staging / directory, 0o755)
             path.write_text(text, encoding="utf-8")
             os.chmod(path, 0o755 if relative.endswith(".sh") else 0o644)
         os.chmod(staging, 0o755)
-        if output.exists():
+        for _ in range(8):  # another writer may create or swap `output` in between
+            if not _replaceable(output, force):
+                try:
+                    os.rename(staging, output)
+                    return output
+                except OSError as exc:
+                    if exc.errno not in (17, 39):  # EEXIST, ENOTEMPTY: lost a race
+                        raise
+                    continue
+            if _exchange(staging, output):
+                shutil.rmtree(staging, ignore_errors=True)  # now the previous render
+                return output
             retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-            os.rename(output, retired / "x")
-            os.rename(staging, output)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.rename(staging, output)
+            try:
+                os.rename(output, retired / "x")
+                os.rename(staging, output)
+            finally:
+                shutil.rmtree(retired, ignore_errors=True)
+            return output
+        raise OSError(f"{output} kept changing under concurrent renders")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return output

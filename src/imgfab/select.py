@@ -10,6 +10,7 @@ the registry API gives no reliable push time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from imgfab.rules import Verdict, check_arch, check_driver, check_precision, parse_version
 
@@ -33,6 +34,8 @@ class Published:
     tag: str
     digest: str
     labels: dict[str, str]
+    # Why the registry could not describe this image (its manifest or config), if it could not.
+    error: str | None = None
 
     @property
     def reference(self) -> str:
@@ -56,8 +59,17 @@ class Candidate:
 def _version_key(text: str) -> tuple[int, ...]:
     try:
         return parse_version(text)
-    except ValueError:
+    except (ValueError, TypeError, AttributeError):
         return ()
+
+
+def label_problem(labels: object) -> str | None:
+    """Why ``labels`` cannot be judged (not a mapping of strings), or None."""
+    if not isinstance(labels, dict):
+        return f"labels are a {type(labels).__name__}, not a mapping"
+    bad = sorted(str(k)[:60] for k, v in labels.items()
+                 if not isinstance(k, str) or not isinstance(v, str))
+    return f"label {bad[0]} is not a string" if bad else None
 
 
 def driver_verdict(labels: dict[str, str], driver: str) -> Verdict:
@@ -94,11 +106,22 @@ def is_imgfab_image(labels: dict[str, str]) -> bool:
 def evaluate(image: Published, host: HostGpu) -> Candidate:
     """Every rule an image must pass on this host, as verdicts (none raises)."""
     candidate = Candidate(image)
+    if image.error is not None:
+        candidate.verdicts.append(Verdict(False, "registry", image.error))
+        return candidate
+    problem = label_problem(image.labels)
+    if problem is not None:
+        candidate.verdicts.append(Verdict(False, "labels", problem))
+        return candidate
     if not is_imgfab_image(image.labels):
         candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor label)"))
         return candidate
-    candidate.verdicts.append(driver_verdict(image.labels, host.driver))
-    candidate.verdicts += gpu_verdicts(image.labels, host.gpu, host.compute_capability)
+    try:
+        verdicts = [driver_verdict(image.labels, host.driver),
+                    *gpu_verdicts(image.labels, host.gpu, host.compute_capability)]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # one image's bad label
+        verdicts = [Verdict(False, "labels", f"unreadable org.imgfab labels: {str(exc)[:120]}")]
+    candidate.verdicts += verdicts
     return candidate
 
 
@@ -109,6 +132,8 @@ def choose(images: list[Published], host: HostGpu, *, model: str | None = None,
     ``model`` filters on the recipe name or model id label; ``backend`` on the backend label.
     """
     def wanted(image: Published) -> bool:
+        if image.error is not None or label_problem(image.labels) is not None:
+            return model is None and backend is None  # judged (and rejected) unless filtered
         name = image.labels.get(f"{P}.recipe.name", "")
         if model is not None and not (name.startswith(model) or image.labels.get(f"{P}.model.id") == model):
             return False
@@ -116,9 +141,12 @@ def choose(images: list[Published], host: HostGpu, *, model: str | None = None,
 
     selected = [image for image in images if wanted(image)]
     candidates = [evaluate(image, host) for image in selected]
-    candidates.sort(key=lambda c: (_version_key(c.image.labels.get(f"{P}.backend.version", "")),
-                                   _version_key(c.image.labels.get(f"{P}.cuda", "")), c.image.tag),
-                    reverse=True)
+    def newest(c: Candidate) -> tuple[Any, ...]:
+        labels = c.image.labels if isinstance(c.image.labels, dict) else {}
+        return (_version_key(labels.get(f"{P}.backend.version", "")),
+                _version_key(labels.get(f"{P}.cuda", "")), c.image.tag)
+
+    candidates.sort(key=newest, reverse=True)
     best = next((c for c in candidates if c.fits), None)
     return best, candidates
 

@@ -10,7 +10,11 @@ streamed ``docker save``, never written to disk) and checks:
 - ``weights``: no layer holds a file under the recipe's weights mount path (the empty mount
   directory itself is expected);
 - ``secrets``: no layer (nor the image config) holds the bytes of a build secret (the CA
-  bundle, the pip configuration);
+  bundle, the pip configuration): the whole file, each PEM block of a bundle that is not a
+  public CA of this host's trust store, each URL with credentials and its password;
+- ``layers``: every layer ``manifest.json`` lists was read, whatever layout ``docker save``
+  wrote (legacy ``<id>/layer.tar``, OCI ``blobs/sha256/<hex>``, gzip or zstd blobs); an
+  unreadable or missing listed layer fails the image (fail closed);
 - ``tools``: no build-only tool is left in the final filesystem unless the backend declares
   it as its run-time toolchain (``compat/backends.yaml`` ``runtime_toolchain``); pip/apt
   caches and the builder's requirements file are never allowed.
@@ -21,6 +25,7 @@ A failed check raises :class:`imgfab.errors.ValidationFailed` listing every fail
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib
 import io
@@ -30,6 +35,8 @@ import posixpath
 import re
 import stat
 import tarfile
+import urllib.parse
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -68,6 +75,16 @@ ALWAYS_FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 NOTE_ONLY: dict[str, tuple[str, ...]] = {"ninja (Python wheel)": (r"opt/venv/bin/ninja",)}
 _CHUNK = 4 * 1024 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# PEM blocks of a bundle, and URLs with user:password@ (a pip index with credentials).
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n.*?-----END \1-----", re.S)
+_URL_CREDENTIALS = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:([^\s/@]+)@[^\s\"'<>]+")
+# Shorter passwords are searched for inside their URL only (alone they match too much).
+_MIN_PASSWORD = 6
+# Host trust stores whose certificates are public, not secrets (Debian/Ubuntu, RHEL).
+SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+_MAX_SECRET_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -90,6 +107,71 @@ class VerifyPolicy:
     # The runtime base image's layer diff ids: caches it ships itself (debootstrap leaves its
     # .debs in /var/cache/apt/archives) are reported as notes, not as failures of this build.
     base_diff_ids: tuple[str, ...] = ()
+    # Certificate PEM blocks of the host's public trust store: a CA bundle's public CAs are in
+    # every image that installs ca-certificates, so only its other blocks are searched for.
+    public_pem: frozenset[bytes] = frozenset()
+
+    @property
+    def mount(self) -> str:
+        """The weights mount, normalised and relative as in a layer tar (``models/x``)."""
+        return posixpath.normpath("/" + self.mount_path).strip("/")
+
+    def needles(self) -> dict[str, bytes]:
+        """What the secrets check searches for, by name: each secret whole, each PEM block
+        of it that is not a public CA certificate, each URL with credentials and (when at
+        least 6 bytes) its password, raw and percent-decoded."""
+        return secret_needles(self.secrets, self.public_pem)
+
+
+def secret_needles(secrets: dict[str, bytes],
+                   public_pem: frozenset[bytes] = frozenset()) -> dict[str, bytes]:
+    """``secrets`` (name → file bytes) expanded into the byte strings no layer may hold."""
+    needles: dict[str, bytes] = {}
+
+    def add(name: str, needle: bytes) -> None:
+        if needle and needle not in needles.values():
+            unique, n = name, 2
+            while unique in needles:
+                unique, n = f"{name} {n}", n + 1
+            needles[unique] = needle
+
+    for name, data in sorted(secrets.items()):
+        add(name, data)
+        for index, block in enumerate(_PEM_BLOCK.finditer(data), 1):
+            if b"PRIVATE KEY" not in block.group(1) and block.group(0) in public_pem:
+                continue
+            add(f"{name} (PEM block {index})", block.group(0))
+        for url in _URL_CREDENTIALS.finditer(data):
+            add(f"{name} (URL with credentials)", url.group(0))
+            raw = url.group(1)
+            for password in (raw, urllib.parse.unquote_to_bytes(raw)):
+                if len(password) >= _MIN_PASSWORD:
+                    add(f"{name} (password)", password)
+    return needles
+
+
+def public_pem_blocks(paths: Iterable[str] = SYSTEM_BUNDLES) -> frozenset[bytes]:
+    """The certificate blocks of the host's trust store (public, not secrets)."""
+    blocks: set[bytes] = set()
+    for path in paths:
+        try:
+            data = _read_regular(Path(path))
+        except OSError:
+            continue
+        blocks.update(m.group(0) for m in _PEM_BLOCK.finditer(data)
+                      if m.group(1) == b"CERTIFICATE")
+    return frozenset(blocks)
+
+
+def _read_regular(path: Path, limit: int = _MAX_SECRET_BYTES) -> bytes:
+    """The bytes of regular file ``path`` (at most ``limit``); OSError otherwise."""
+    with open(path, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} is larger than {limit} bytes")
+    return data
 
 
 @dataclass
@@ -120,12 +202,20 @@ def policy_for(recipe: Any, stack: Any, matrix: Any,
 
     profile = matrix.profiles[stack.backend]
     labels = image_labels(recipe, stack, recipe_hash(recipe), profile.weights_required)
+    read: dict[str, bytes] = {}
+    for name, path in sorted((secrets or {}).items()):
+        try:
+            data = _read_regular(Path(path))
+        except OSError as exc:
+            raise ValidationFailed(f"cannot read build secret {name} to search for it: {exc}",
+                                   field="verify", fix="give a regular, readable file") from None
+        if data:
+            read[name] = data
     return VerifyPolicy(
         mount_path=recipe.model.mount_path,
         required_labels={k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")},
         declared_toolchain=tuple(sorted(stack.runtime_toolchain)),
-        secrets={name: Path(path).read_bytes() for name, path in sorted((secrets or {}).items())
-                 if Path(path).is_file() and Path(path).stat().st_size > 0})
+        secrets=read, public_pem=public_pem_blocks() if read else frozenset())
 
 
 def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
@@ -233,6 +323,8 @@ class _LayerScan:
     base_count: int = 0
     # layer name → its cacheable result ({"matched", "weights", "secrets"})
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # listed layers that were not read (fail closed), each "name (why)"
+    unscanned: list[str] = field(default_factory=list)
 
     def merge(self, layer: str, result: dict[str, Any], secret_hits: set[str]) -> None:
         """Add one layer's (possibly cached) result."""
@@ -257,6 +349,9 @@ class _LayerScan:
 
     def findings(self, policy: VerifyPolicy) -> list[Finding]:
         result = [
+            Finding("layers", not self.unscanned,
+                    f"listed layers not scanned: {', '.join(self.unscanned[:5])}"
+                    if self.unscanned else f"all {len(self.order)} listed layers scanned"),
             Finding("weights", not self.weights,
                     f"files under {policy.mount_path}: {', '.join(self.weights[:5])}"
                     if self.weights else f"nothing under {policy.mount_path}"),
@@ -295,6 +390,10 @@ _ALL_PATTERNS = re.compile("|".join(f"(?:{p})" for pats in
                                      *NOTE_ONLY.values()) for p in pats))
 
 
+# Bumped when the scan itself changes, so results of an older scanner are not reused.
+_SCANNER_VERSION = "2"
+
+
 def cache_dir() -> Path:
     """Where per-layer scan results are kept (``$XDG_CACHE_HOME/imgfab/verify``)."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -305,9 +404,9 @@ def _layer_key(diff_id: str, policy: VerifyPolicy) -> str:
     """A layer's scan result depends only on its content (the diff id), the weights mount,
     the secrets searched for and the path catalogue: all four are in the key."""
     digest = hashlib.sha256()
-    for part in (diff_id, policy.mount_path, _ALL_PATTERNS.pattern):
+    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION):
         digest.update(part.encode() + b"\0")
-    for name, data in sorted(policy.secrets.items()):
+    for name, data in sorted(policy.needles().items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
 
@@ -356,12 +455,16 @@ def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: Verif
     directories = local_layer_dirs(info, layers) if unknown else []
     if unknown and directories is None:
         scan = _scan_layers(engine.save_stream(ref), policy)
-        for diff_id, name in zip(layers, scan.order):
-            _store_layer(keys[diff_id], scan.results.get(name, {}))
+        if len(scan.order) != len(layers):
+            scan.unscanned.append(f"manifest.json lists {len(scan.order)} layers, the image "
+                                  f"has {len(layers)}")
+        elif not scan.unscanned:
+            for diff_id, name in zip(layers, scan.order):
+                _store_layer(keys[diff_id], scan.results[name])
         return scan
     scan = _LayerScan(order=list(layers))
     secret_hits: set[str] = set()
-    mount = policy.mount_path.strip("/")
+    mount = policy.mount
     for index, diff_id in enumerate(layers):
         result = known[diff_id]
         if result is None:
@@ -371,7 +474,7 @@ def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: Verif
         scan.merge(diff_id, result, secret_hits)
     # The image config (history, environment, labels) as the engine reports it.
     config_text = json.dumps([info, engine.image_history(ref)], sort_keys=True).encode()
-    for name in _contains(io.BytesIO(config_text), policy.secrets):
+    for name in _contains(io.BytesIO(config_text), policy.needles()):
         secret_hits.add(f"{name} in the image config")
     scan.secrets = sorted(secret_hits)
     scan.notes.append(f"layers: {len(layers) - len(unknown)} of {len(layers)} known from earlier "
@@ -385,6 +488,7 @@ def _scan_directory(root: Path, mount: str, policy: VerifyPolicy) -> dict[str, A
     matched: list[list[str]] = []
     weights: list[str] = []
     secrets: list[str] = []
+    needles = policy.needles()
     for directory, subdirs, files in os.walk(root):
         relative_dir = os.path.relpath(directory, root)
         relative_dir = "" if relative_dir == "." else relative_dir
@@ -404,46 +508,147 @@ def _scan_directory(root: Path, mount: str, policy: VerifyPolicy) -> dict[str, A
                 weights.append("/" + path)
             if _ALL_PATTERNS.fullmatch(path):
                 matched.append([path, "file"])
-            if stat.S_ISREG(info.st_mode) and policy.secrets:
+            if stat.S_ISREG(info.st_mode) and needles:
                 with open(full, "rb") as handle:
-                    secrets += [f"{hit} in /{path}" for hit in _contains(handle, policy.secrets)]
+                    secrets += [f"{hit} in /{path}" for hit in _contains(handle, needles)]
     return {"matched": matched, "weights": weights, "secrets": secrets}
 
 
 def _scan_layers(chunks: Iterable[bytes], policy: VerifyPolicy) -> _LayerScan:
-    """One pass over a ``docker save`` stream: every layer's paths and file bytes."""
+    """One pass over a ``docker save`` stream, in any layout it is written in.
+
+    Every regular member is classified by its content, not its name: a tar (possibly gzip or
+    zstd compressed) is scanned as a layer, anything else (configs, index files) is searched for
+    secrets. Symlinks and hard links (legacy saves link duplicate layers) are followed. Then
+    exactly the layers ``manifest.json`` lists are merged in its order; a listed layer that was
+    not read is recorded in ``unscanned`` (the ``layers`` finding fails).
+    """
     scan = _LayerScan()
-    mount = policy.mount_path.strip("/")
+    mount = policy.mount
+    needles = policy.needles()
     secret_hits: set[str] = set()
+    aliases: dict[str, str] = {}
+    unreadable: dict[str, str] = {}
+    manifest: Any = None
     with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), _CHUNK),
                       mode="r|") as outer:
         for member in outer:
+            name = posixpath.normpath(member.name.removeprefix("./"))
+            if member.issym():
+                aliases[name] = posixpath.normpath(
+                    posixpath.join(posixpath.dirname(name), member.linkname))
+                continue
+            if member.islnk():
+                aliases[name] = posixpath.normpath(member.linkname.removeprefix("./"))
+                continue
             if not member.isfile():
                 continue
             stream = outer.extractfile(member)
             if stream is None:
                 continue
-            if member.name == "manifest.json":
-                manifest = json.loads(stream.read())
-                scan.order = list(manifest[0].get("Layers", [])) if manifest else []
-            elif member.name.endswith("layer.tar"):
-                before_weights, layer_hits = len(scan.weights), set()
-                scan.layers[member.name] = _scan_layer(stream, member.name, mount, policy,
-                                                       scan, layer_hits)
-                secret_hits |= layer_hits
-                scan.results[member.name] = {
-                    "matched": [list(m) for m in scan.layers[member.name]],
-                    "weights": scan.weights[before_weights:], "secrets": sorted(layer_hits)}
-            else:  # the image config: history and environment
-                for name in _contains(stream, policy.secrets):
-                    secret_hits.add(f"{name} in the image config ({member.name})")
+            if name == "manifest.json":
+                data = stream.read(_MAX_SECRET_BYTES)
+                try:
+                    manifest = json.loads(data)
+                except ValueError:
+                    manifest = None
+                for hit in _contains(io.BytesIO(data), needles):
+                    secret_hits.add(f"{hit} in the image config ({name})")
+                continue
+            try:
+                kind, reader = _open_blob(stream)
+                if kind == "tar":
+                    scan.results[name] = _scan_layer(reader, mount, needles)
+                elif kind == "empty":
+                    scan.results[name] = {"matched": [], "weights": [], "secrets": []}
+                elif kind == "other":
+                    for hit in _contains(reader, needles):
+                        secret_hits.add(f"{hit} in the image config ({name})")
+                else:
+                    unreadable[name] = kind
+            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
+                unreadable[name] = f"unreadable: {exc.__class__.__name__}"
+    entries = manifest if isinstance(manifest, list) else []
+    if len(entries) != 1 or not isinstance(entries[0], dict):
+        scan.unscanned.append("manifest.json (missing, or not exactly one image)")
+        listed: list[str] = []
+    else:
+        listed = [posixpath.normpath(str(n).removeprefix("./")) for n in
+                  entries[0].get("Layers") or []]
+    for name in listed:
+        target = name
+        for _ in range(16):  # links of links, bounded
+            if target not in aliases:
+                break
+            target = aliases[target]
+        result = scan.results.get(target)
+        if result is None:
+            why = unreadable.get(target, "not in the archive")
+            scan.unscanned.append(f"{name} ({why})")
+            continue
+        scan.order.append(name)
+        scan.results[name] = result
+        scan.layers[name] = [(p, k) for p, k in result["matched"]]
+        scan.weights += result["weights"]
+    for result in scan.results.values():  # a secret in any blob is a leak, listed or not
+        secret_hits.update(result["secrets"])
     scan.secrets = sorted(secret_hits)
     return scan
 
 
-def _scan_layer(stream: Any, layer: str, mount: str, policy: VerifyPolicy, scan: _LayerScan,
-                secret_hits: set[str]) -> list[tuple[str, str]]:
-    matched: list[tuple[str, str]] = []
+def _read_up_to(stream: Any, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _peek(stream: Any, size: int = 1024) -> tuple[bytes, Any]:
+    """The first ``size`` bytes of ``stream`` and a reader that still yields all of it."""
+    head = _read_up_to(stream, size)
+
+    def chunks() -> Iterator[bytes]:
+        if head:
+            yield head
+        while chunk := stream.read(_CHUNK):
+            yield chunk
+    return head, io.BufferedReader(_ChunkReader(chunks()), _CHUNK)
+
+
+def _open_blob(stream: Any) -> tuple[str, Any]:
+    """Classify one archive member by content: ``("tar", reader)`` for a layer (decompressed
+    when gzip or zstd), ``("empty", None)`` for an all-zero empty tar, ``("other", reader)``
+    for anything else; ``("<why>", None)`` when it cannot be decompressed."""
+    head, reader = _peek(stream)
+    if head.startswith(_GZIP_MAGIC):
+        head, reader = _peek(gzip.GzipFile(fileobj=reader, mode="rb"))
+    elif head.startswith(_ZSTD_MAGIC):
+        try:
+            import zstandard  # noqa: PLC0415
+        except ImportError:
+            return "zstd blob, and the zstandard module is not installed", None
+        decompressor = zstandard.ZstdDecompressor()
+        head, reader = _peek(decompressor.stream_reader(reader, read_across_frames=True))
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "tar", reader
+    if len(head) >= 512 and not head.strip(b"\0"):
+        rest = reader.read(_CHUNK)
+        return ("empty", None) if not rest.strip(b"\0") else ("tar", reader)
+    return "other", reader
+
+
+def _scan_layer(stream: Any, mount: str, needles: dict[str, bytes]) -> dict[str, Any]:
+    """One layer tar → ``{"matched": [[path, kind]], "weights": [...], "secrets": [...]}``.
+
+    Whiteout-named entries record the deletion, and a whiteout that carries bytes is still
+    searched (its bytes are in the pushed layer even though the engine drops the file).
+    """
+    matched: list[list[str]] = []
+    weights: list[str] = []
+    secrets: set[str] = set()
     with tarfile.open(fileobj=stream, mode="r|") as inner:
         for entry in inner:
             path = posixpath.normpath(entry.name.removeprefix("./").lstrip("/"))
@@ -451,19 +656,20 @@ def _scan_layer(stream: Any, layer: str, mount: str, policy: VerifyPolicy, scan:
                 continue
             base = posixpath.basename(path)
             directory = posixpath.dirname(path)
+            whiteout = base.startswith(".wh.")
             if base == ".wh..wh..opq":
-                matched.append((directory, "opaque"))
-                continue
-            if base.startswith(".wh."):
-                matched.append((posixpath.join(directory, base[4:]), "whiteout"))
+                matched.append([directory, "opaque"])
+            elif whiteout:
+                matched.append([posixpath.join(directory, base[4:]), "whiteout"])
+            if whiteout and not (entry.isfile() and entry.size > 0):
                 continue
             if mount and path.startswith(mount + "/"):
-                scan.weights.append("/" + path)
-            if _ALL_PATTERNS.fullmatch(path):
-                matched.append((path, "file"))
-            if entry.isfile() and policy.secrets:
+                weights.append("/" + path)
+            if not whiteout and _ALL_PATTERNS.fullmatch(path):
+                matched.append([path, "file"])
+            if entry.isfile() and needles:
                 content = inner.extractfile(entry)
                 if content is not None:
-                    for name in _contains(content, policy.secrets):
-                        secret_hits.add(f"{name} in /{path}")
-    return matched
+                    for name in _contains(content, needles):
+                        secrets.add(f"{name} in /{path}")
+    return {"matched": matched, "weights": weights, "secrets": sorted(secrets)}

@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,9 +30,25 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-VLLM = REPO / "recipes" / "qwen2-7b-h100.yaml"
-TRTLLM = REPO / "recipes" / "mistral-7b-a100-trtllm.yaml"
-ENGINE = REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml"
+_OWN = Path(tempfile.mkdtemp(prefix="imgfab-it-recipes-"))
+
+
+def _own_repository(path: Path) -> Path:
+    """A copy of example recipe ``path`` (and its calibration files) whose
+    ``image.repository`` is ``imgfab-test/<name>``: the integration tests never tag or push
+    into an example recipe's repository (the demo's image stays as the demo pushed it)."""
+    text = path.read_text()
+    own = re.sub(r"(?m)^(\s*repository:\s*)llm/", r"\1imgfab-test/", text)
+    assert own != text, f"{path.name}: no llm/ repository to replace"
+    (_OWN / path.name).write_text(own)
+    if (path.parent / "calibration").is_dir():
+        shutil.copytree(path.parent / "calibration", _OWN / "calibration", dirs_exist_ok=True)
+    return _OWN / path.name
+
+
+VLLM = _own_repository(REPO / "recipes" / "qwen2-7b-h100.yaml")
+TRTLLM = _own_repository(REPO / "recipes" / "mistral-7b-a100-trtllm.yaml")
+ENGINE = _own_repository(REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml")
 
 if not os.environ.get("DOCKER_HOST"):
     if os.environ.get("CI") == "true":
@@ -302,7 +320,7 @@ def test_build_push_then_select_for_a_host_table(vllm_image, trtllm_image, trtll
 
     root, ca, _ = work
     pushed = imgfab_build(VLLM, root, ca, "--push", "--registry", REGISTRY)
-    assert pushed["pushed"].startswith(f"{REGISTRY}/llm/qwen2-7b@sha256:")
+    assert pushed["pushed"].startswith(f"{REGISTRY}/imgfab-test/qwen2-7b@sha256:")
     credentials = registry.Credentials.load(REGISTRY)
     assert registry.resolve_digest(pushed["tags"][1], credentials).endswith(pushed["pushed"].split("@")[1])
 
@@ -381,7 +399,8 @@ def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
     root, ca, _ = work
     repository = f"imgfab-test/smoke-{uuid.uuid4().hex[:8]}"
     recipe = tmp_path / VLLM.name
-    recipe.write_text(VLLM.read_text().replace("repository: llm/qwen2-7b", f"repository: {repository}"))
+    recipe.write_text(VLLM.read_text().replace("repository: imgfab-test/qwen2-7b",
+                                               f"repository: {repository}"))
     weights = tmp_path / "weights"
     weights.mkdir()
     if healthy:  # without config.json the probe refuses to start: the host is wrong

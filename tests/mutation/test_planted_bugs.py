@@ -1,0 +1,238 @@
+"""Planted-bug harness (issue 12): each guard is turned off in a copy of the source tree, and
+the non-integration suite must go red. Marked ``mutation``; outside CI's budget
+(scripts/test.sh deselects it). Run it with:
+
+    python -m pytest -m mutation tests/mutation -p no:cacheprovider
+
+Each planted bug replaces one exact snippet (it must occur exactly once) in a temporary copy of
+``src/``, ``tests/``, ``recipes/``, ``compat/`` and ``templates/``, then runs the suite there
+(the copy's ``src`` first on PYTHONPATH) with ``-x``: first the tests most likely to catch it,
+then, if those stay green, the whole suite. A control case runs the unplanted copy, which must
+be green, so that a kill means the planted bug and not the copy.
+A planted bug the suite survives fails its case here. Each case appends its verdict to
+``$IMGFAB_MUTATION_REPORT`` (default ``build/mutation-report.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mutation
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT = Path(os.environ.get("IMGFAB_MUTATION_REPORT", REPO / "build" / "mutation-report.jsonl"))
+SUITE_MARKERS = "not gpu and not integration and not mutation and not fuzz"
+
+
+@dataclass(frozen=True)
+class Plant:
+    name: str
+    path: str  # relative to src/imgfab
+    old: str
+    new: str
+    first: tuple[str, ...] = ()  # test files to run first (the rest of the suite follows)
+
+
+PLANTS = [
+    # --- verify: the scans ----------------------------------------------------------------
+    Plant("verify: weights scan off (layer tar)", "verify.py",
+          "            if mount and path.startswith(mount + \"/\"):\n                weights.append(\"/\" + path)\n            if not whiteout",
+          "            if False:\n                weights.append(\"/\" + path)\n            if not whiteout",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: weights scan off (overlay2 dir)", "verify.py",
+          "            if mount and path.startswith(mount + \"/\"):\n                weights.append(\"/\" + path)\n            if _ALL_PATTERNS",
+          "            if False:\n                weights.append(\"/\" + path)\n            if _ALL_PATTERNS",
+          ("tests/test_verify.py",)),
+    Plant("verify: secrets scan off (layer tar)", "verify.py",
+          "            if entry.isfile() and needles:", "            if False:",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: image config/history secrets scan off (save stream)", "verify.py",
+          "                    for hit in _contains(reader, needles):\n",
+          "                    for hit in []:\n", ("tests/test_verify_layouts.py",)),
+    Plant("verify: tools check off", "verify.py",
+          "            if hits:\n                offenders.append", "            if False:\n                offenders.append",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: fail-closed on unscanned layer off", "verify.py",
+          "            scan.unscanned.append(f\"{name} ({why})\")", "            pass",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: only *layer.tar names read as layers", "verify.py",
+          "                if kind == \"tar\":", "                if kind == \"tar\" and name.endswith(\"layer.tar\"):",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: gzip blobs not decompressed", "verify.py",
+          "    if head.startswith(_GZIP_MAGIC):", "    if False:", ("tests/test_verify_layouts.py",)),
+    Plant("verify: zstd blobs not decompressed", "verify.py",
+          "    elif head.startswith(_ZSTD_MAGIC):", "    elif False:", ("tests/test_verify_layouts.py",)),
+    Plant("verify: whiteout-named files skip content checks", "verify.py",
+          "            if whiteout and not (entry.isfile() and entry.size > 0):", "            if whiteout:",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: mount path not normalised", "verify.py",
+          "        return posixpath.normpath(\"/\" + self.mount_path).strip(\"/\")",
+          "        return self.mount_path.strip(\"/\")", ("tests/test_verify_layouts.py",)),
+    Plant("verify: URL passwords not searched", "verify.py",
+          "                if len(password) >= _MIN_PASSWORD:", "                if False:",
+          ("tests/test_verify_layouts.py",)),
+    Plant("verify: PEM blocks not searched", "verify.py",
+          "            add(f\"{name} (PEM block {index})\", block.group(0))", "            pass",
+          ("tests/test_verify_layouts.py",)),
+    # --- registry: credential scoping ----------------------------------------------------
+    Plant("registry: Link/URL origin check off", "registry.py",
+          "        if _origin(url) != _origin(self.base):\n            raise",
+          "        if False:\n            raise", ("tests/test_registry_hostile.py",)),
+    Plant("registry: plain-http realm allowed anywhere", "registry.py",
+          "            if realm.scheme != \"https\" and not", "            if False and not",
+          ("tests/test_registry_hostile.py",)),
+    Plant("registry: pagination does not track visited pages", "registry.py",
+          "        if url in visited or len(visited) >= MAX_PAGES:", "        if len(visited) >= MAX_PAGES:",
+          ("tests/test_registry_hostile.py",)),
+    Plant("registry: no page cap", "registry.py",
+          "        if url in visited or len(visited) >= MAX_PAGES:", "        if url in visited:",
+          ("tests/test_registry_hostile.py",)),
+    Plant("registry: registry text not stripped (printable)", "registry.py",
+          "    clean = \" \".join(_CONTROL.sub(\" \", str(text)).split())", "    clean = str(text)",
+          ("tests/test_registry_hostile.py",)),
+    Plant("errors: one_line keeps control characters", "errors.py",
+          "        return redact(\" \".join(_CONTROL.sub(\" \", text).split()))",
+          "        return redact(\" \".join(text.split(\" \")))", ("tests/test_registry_hostile.py",)),
+    # --- recipe validators ---------------------------------------------------------------
+    Plant("recipe: mount_path deny-list off", "recipe.py",
+          "    for owned in IMAGE_OWNED_PATHS:", "    for owned in ():", ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: mount_path not normalised", "recipe.py",
+          "        return normalise_mount(value)", "        normalise_mount(value)\n        return value",
+          ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: mount_path matched with re.match and $", "recipe.py",
+          "        if not _ABS_PATH.fullmatch(value) or \"..\" in value.split(\"/\"):",
+          "        if not re.match(r\"^/[A-Za-z0-9._/-]{0,255}$\", value) or \"..\" in value.split(\"/\"):",
+          ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: driver spec accepts any Unicode digit", "recipe.py",
+          "_DRIVER_SPEC = re.compile(r\">=[ ]*([0-9]{1,4}(\\.[0-9]{1,4}){0,2})\")",
+          "_DRIVER_SPEC = re.compile(r\">=[ ]*(\\d{1,4}(\\.\\d{1,4}){0,2})\")",
+          ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: calibration '..'/absolute check off", "recipe.py",
+          "        if not _RELATIVE_PATH.fullmatch(value):", "        if not re.fullmatch(r\"[A-Za-z0-9._/-]+\", value):",
+          ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: calibration file may leave the recipe dir", "recipe.py",
+          "    if not target.is_relative_to(base):", "    if False:", ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: YAML alias limit off", "recipe.py",
+          "            if self._aliases > MAX_ALIASES:", "            if False:", ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: shm_size bounds off", "recipe.py",
+          "        if not SHM_MIN_BYTES <= size <= SHM_MAX_BYTES:", "        if False:",
+          ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: non-regular files read", "recipe.py",
+          "    if not stat.S_ISREG(os.fstat(fd).st_mode):", "    if False:", ("tests/test_recipe_hardening.py",)),
+    Plant("recipe: error excerpt unbounded", "recipe.py",
+          "        msg = f\"{msg} (got {excerpt(err.get('input'))})\"\n    if len(msg) > 300:",
+          "        msg = f\"{msg} (got {err.get('input')!r})\"\n    if False:", ("tests/test_recipe_hardening.py",)),
+    # --- renderer filters and output -----------------------------------------------------
+    Plant("render: shell_words newline guard off", "render.py",
+          "        if any(ch in arg for ch in \"\\n\\r\\x00\"):", "        if False:",
+          ("tests/test_render_filters.py",)),
+    Plant("render: dockerfile_value newline guard off", "render.py",
+          "    if any(ch in text for ch in \"\\n\\r\\x00\"):", "    if False:", ("tests/test_render_filters.py",)),
+    Plant("render: -o replaces any directory", "render.py",
+          "    if force or (output / RENDER_MARKER).is_file() or not any(output.iterdir()):",
+          "    if True:", ("tests/test_render_output.py",)),
+    Plant("render: swap by two renames (not atomic)", "render.py",
+          "            if _exchange(staging, output):", "            if False:", ("tests/test_render_output.py",)),
+    Plant("render: directory modes follow the umask", "render.py",
+          "                os.chmod(staging / directory, 0o755)", "                pass",
+          ("tests/test_render_output.py",)),
+    # --- build: secrets ------------------------------------------------------------------
+    Plant("build: pip.conf not 0600", "build.py",
+          "    os.chmod(path, 0o600)\n    return path", "    os.chmod(path, 0o644)\n    return path",
+          ("tests/test_build_secrets.py",)),
+    Plant("build: unsalted hash fingerprint", "build.py",
+          "    return hmac.new(key, pip_conf, hashlib.sha256).hexdigest()[:16]",
+          "    return hashlib.sha256(pip_conf).hexdigest()[:16]", ("tests/test_build_secrets.py",)),
+    Plant("build: pip.conf serializer accepts control characters", "build.py",
+          "        if not re.fullmatch(r\"[a-z][a-z0-9-]*\", key) or _CONTROL.search(value) \\\n                or value != value.strip():",
+          "        if False:", ("tests/test_build_secrets.py",)),
+    Plant("build: index URL check accepts control characters", "build.py",
+          "    parts = urllib.parse.urlsplit(url) if not _CONTROL.search(url) else None",
+          "    parts = urllib.parse.urlsplit(url)", ("tests/test_build_secrets.py",)),
+    Plant("engine: child environment not scrubbed", "engine.py",
+          "if not _SECRET_NAME.search(key)}", "if True}", ("tests/test_build_secrets.py",)),
+    Plant("errors: redaction off", "errors.py",
+          "    return _URL_PASSWORD.sub(r\"\\1***@\", text)", "    return text", ("tests/test_build_secrets.py",)),
+    # --- select/doctor, compat, cli ------------------------------------------------------
+    Plant("select: label problems not caught per image", "select.py",
+          "    problem = label_problem(image.labels)\n    if problem is not None:\n        candidate",
+          "    problem = None\n    if problem is not None:\n        candidate", ("tests/test_select_hostile.py",)),
+    Plant("cli: one broken tag breaks select", "cli.py",
+          "        except RegistryError as error:\n            images.append",
+          "        except ZeroDivisionError as error:\n            images.append", ("tests/test_select_hostile.py",)),
+    Plant("compat: records not validated", "compat.py",
+          "        validate_record(record)", "        pass", ("tests/test_compat_validation.py",)),
+    Plant("cli: click usage errors printed by click (several lines)", "cli.py",
+          "        click.echo(f\"imgfab: {_usage_line(error)}\", err=True)", "        error.show()",
+          ("tests/test_render_output.py",)),
+]
+
+
+def _copy_tree(target: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc", "mutation")
+    for name in ("src", "tests", "recipes", "compat", "templates", "scripts", "bench", ".ci",
+                 "README.md", "pyproject.toml"):
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(source, target / name)
+
+
+def _record(entry: dict) -> None:
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    with REPORT.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(root / "src"), XDG_CACHE_HOME=str(root / "cache"))
+    env.pop("DOCKER_HOST", None)  # the suite here is the non-integration one
+    return env
+
+
+def test_control_the_unplanted_copy_is_green(tmp_path):
+    _copy_tree(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                             SUITE_MARKERS, "tests"], cwd=tmp_path, env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=[p.name for p in PLANTS])
+def test_planted_bug_turns_the_suite_red(plant, tmp_path):
+    _copy_tree(tmp_path)
+    target = tmp_path / "src" / "imgfab" / plant.path
+    text = target.read_text()
+    assert text.count(plant.old) == 1, f"planted bug no longer applies: {plant.name}"
+    target.write_text(text.replace(plant.old, plant.new))
+    env = _env(tmp_path)
+    started = time.monotonic()
+    for selection in ([*plant.first], ["tests"]):  # the likely catchers first, then everything
+        if not selection:
+            continue
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
+             SUITE_MARKERS, *selection], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=900)
+        if result.returncode != 0:
+            break
+    elapsed = round(time.monotonic() - started, 1)
+    check = subprocess.run([sys.executable, "-c", "import imgfab; print(imgfab.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert check.stdout.startswith(str(tmp_path)), "the suite must import the planted copy"
+    tail = result.stdout.strip().splitlines()[-1:] or [""]
+    failed = [line.split(" ")[1] for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    killed = result.returncode != 0
+    _record({"plant": plant.name, "killed": killed, "returncode": result.returncode,
+             "seconds": elapsed, "killed_by": failed[:1], "summary": tail[0]})
+    assert killed, f"the suite stayed green with the planted bug: {plant.name} ({tail[0]})"
