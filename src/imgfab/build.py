@@ -185,8 +185,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     recipe = load_recipe(recipe_path)
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
-    lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
     strategy = _compile_strategy(stack, options, on_line)
+    lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
     files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock)
     context = write_context(files, context_dir or Path("build") / recipe.name)
     build_args = base_image_args(stack, options)

@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -520,6 +520,8 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
     recipe = load_recipe(recipe_path)
     stack = resolve(recipe, load_matrix(compat_dir)).stack
     request = payload_request(recipe, stack, compat_dir)
+    if index_url:  # one index for every name (a mirror): the header says so
+        request = replace(request, indexes=(), default_index=index_url)
     path = output or lock_path(recipe_path, recipe.name)
     old = Lock.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
     if old and not upgrade and old.fingerprint == request.fingerprint() and not old.refused:

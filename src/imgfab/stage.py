@@ -73,11 +73,25 @@ def _records(site: Path) -> dict[str, list[Path]]:
     """Installed distribution name → its files (absolute), from each dist-info RECORD."""
     files: dict[str, list[Path]] = {}
     for record in sorted(site.glob("*.dist-info/RECORD")):
-        name = normalize(record.parent.name.rsplit("-", 1)[0])
+        name = normalize(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+        _drop_installer_cache(record)
         with record.open(newline="", encoding="utf-8") as handle:
             paths = [Path(os.path.normpath(site / row[0])) for row in csv.reader(handle) if row]
         files[name] = paths + [record.parent]
     return files
+
+
+def _drop_installer_cache(record: Path) -> None:
+    """uv's ``uv_cache.json`` holds the time the wheel entered uv's cache: it and its RECORD
+    line go, or two builds of one lock would differ in those bytes."""
+    cache = record.parent / "uv_cache.json"
+    if not cache.exists():
+        return
+    cache.unlink()
+    lines = record.read_text(encoding="utf-8").splitlines(keepends=True)
+    record.write_text("".join(line for line in lines
+                              if not line.startswith(f"{record.parent.name}/uv_cache.json,")),
+                      encoding="utf-8")
 
 
 def _move(path: Path, staging: Path) -> None:
