@@ -58,6 +58,7 @@ class BuildOptions:
     compile: str = "auto"  # TensorRT engine path: auto | two-phase | at-start
     engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
     lock: Path | None = None  # the payload lock (default: the recipe's committed, fresh lock)
+    no_cache: bool = False  # build every step again (BuildKit cache mounts are kept)
 
 
 @dataclass
@@ -207,7 +208,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         if strategy == "two-phase":
             _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
         result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
-                              network=options.network, on_line=on_line)
+                              network=options.network, on_line=on_line, no_cache=options.no_cache)
         policy = policy_for(recipe, stack, matrix, secrets)
     policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
     try:

@@ -307,6 +307,7 @@ def doctor(image: str | None, as_json: bool) -> None:
               help="TensorRT engine path: compile on first start on the target host, into a cache volume.")
 @click.option("--engine-out", type=click.Path(file_okay=False),
               help="TensorRT engine path, two-phase: directory for the compiled checkpoint (holds weights).")
+@click.option("--no-cache", is_flag=True, help="Run every build step again (cache mounts are kept).")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Install this lock instead of the recipe's committed recipes/<name>.lock (one recipe).")
 @compat_option
@@ -314,7 +315,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
-          no_memlock: bool, engine_at_start: bool, engine_out: str | None, lock_file: str | None,
+          no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool, lock_file: str | None,
           compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     if lock_file and len(recipes) != 1:
@@ -338,7 +339,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            compat_dir=Path(compat_dir) if compat_dir else None,
                            compile="at-start" if engine_at_start else "auto",
                            engine_out=Path(engine_out) if engine_out else None,
-                           lock=Path(lock_file) if lock_file else None)
+                           lock=Path(lock_file) if lock_file else None, no_cache=no_cache)
     results = []
     for path in recipes:
         context = None
