@@ -368,9 +368,12 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
 @click.option("--index-url", help="Resolve from this index only (a mirror; the tests' fake index).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
               help="Write the lock here instead of recipes/<name>.lock (one recipe).")
+@click.option("--python-version", help="Lock for this Python instead of the stack's (with --output).")
+@click.option("--python-platform", help="Lock for this uv platform, e.g. x86_64-manylinux_2_36 (with --output).")
 @compat_option
 def lock(recipes: tuple[str, ...], check: bool, upgrade: bool, index_url: str | None,
-         output: str | None, compat_dir: str | None) -> None:
+         output: str | None, python_version: str | None, python_platform: str | None,
+         compat_dir: str | None) -> None:
     """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock."""
     from imgfab.lock import check_lock, lock_recipe
 
@@ -399,7 +402,8 @@ def lock(recipes: tuple[str, ...], check: bool, upgrade: bool, index_url: str | 
     for path in recipes:
         try:
             result = lock_recipe(path, upgrade=upgrade, index_url=index_url,
-                                 output=Path(output) if output else None, compat_dir=compat_path)
+                                 output=Path(output) if output else None, compat_dir=compat_path,
+                                 python=python_version, platform=python_platform)
         except CompatibilityError as error:  # recorded in the lock; the other recipes go on
             click.echo(f"imgfab: {error.one_line()}", err=True)
             refused.append(error)

@@ -508,7 +508,8 @@ class LockResult:
 
 
 def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | None = None,
-                output: Path | None = None, compat_dir: Path | None = None) -> LockResult:
+                output: Path | None = None, compat_dir: Path | None = None,
+                python: str | None = None, platform: str | None = None) -> LockResult:
     """Write (or keep) the lock of one recipe. A fresh lock is kept unless ``upgrade``.
 
     Raises :class:`CompatibilityError` (exit 2) for a refused payload, after writing a lock
@@ -522,6 +523,11 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
     request = payload_request(recipe, stack, compat_dir)
     if index_url:  # one index for every name (a mirror): the header says so
         request = replace(request, indexes=(), default_index=index_url)
+    if python or platform:  # another interpreter than the stack's (the local stack's stand-ins)
+        if output is None:
+            raise RecipeError("a lock for another Python or platform is not the recipe's lock",
+                              field="--python-version/--python-platform", fix="write it with --output FILE")
+        request = replace(request, python=python or request.python, platform=platform or request.platform)
     path = output or lock_path(recipe_path, recipe.name)
     old = Lock.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
     if old and not upgrade and old.fingerprint == request.fingerprint() and not old.refused:
