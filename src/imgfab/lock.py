@@ -509,7 +509,8 @@ class LockResult:
 
 def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | None = None,
                 output: Path | None = None, compat_dir: Path | None = None,
-                python: str | None = None, platform: str | None = None) -> LockResult:
+                python: str | None = None, platform: str | None = None,
+                extra_pins: dict[str, str] | None = None) -> LockResult:
     """Write (or keep) the lock of one recipe. A fresh lock is kept unless ``upgrade``.
 
     Raises :class:`CompatibilityError` (exit 2) for a refused payload, after writing a lock
@@ -528,6 +529,12 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
             raise RecipeError("a lock for another Python or platform is not the recipe's lock",
                               field="--python-version/--python-platform", fix="write it with --output FILE")
         request = replace(request, python=python or request.python, platform=platform or request.platform)
+    if extra_pins:  # what-if pins (bench: another vLLM patch release); never the recipe's lock
+        if output is None:
+            raise RecipeError("a lock with other pins is not the recipe's lock", field="pins",
+                              fix="write it with --output FILE")
+        current = dict(pin.split("==", 1) for pin in request.pins)
+        request = replace(request, pins=tuple(sorted(f"{n}=={v}" for n, v in (current | extra_pins).items())))
     path = output or lock_path(recipe_path, recipe.name)
     old = Lock.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
     if old and not upgrade and old.fingerprint == request.fingerprint() and not old.refused:
