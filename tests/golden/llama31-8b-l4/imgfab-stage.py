@@ -73,11 +73,27 @@ def _records(site: Path) -> dict[str, list[Path]]:
     """Installed distribution name → its files (absolute), from each dist-info RECORD."""
     files: dict[str, list[Path]] = {}
     for record in sorted(site.glob("*.dist-info/RECORD")):
-        name = normalize(record.parent.name.rsplit("-", 1)[0])
+        name = normalize(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+        _canonical_record(record)
         with record.open(newline="", encoding="utf-8") as handle:
             paths = [Path(os.path.normpath(site / row[0])) for row in csv.reader(handle) if row]
-        files[name] = paths + [record.parent]
+        # Plus what the dist-info holds beyond its RECORD, file by file (never the directory
+        # whole: its entries would keep the installer's order).
+        extra = [f for f in sorted(record.parent.rglob("*")) if f.is_symlink() or not f.is_dir()]
+        files[name] = paths + extra
     return files
+
+
+def _canonical_record(record: Path) -> None:
+    """Make an installed RECORD byte-identical across installs: uv's ``uv_cache.json`` (the
+    time the wheel entered uv's cache) and its line go, and the lines are sorted (an installer
+    extracting in parallel may write them in any order)."""
+    cache = record.parent / "uv_cache.json"
+    if cache.exists():
+        cache.unlink()
+    lines = [line for line in record.read_text(encoding="utf-8").splitlines()
+             if line and not line.startswith(f"{record.parent.name}/uv_cache.json,")]
+    record.write_text("".join(f"{line}\n" for line in sorted(lines)), encoding="utf-8")
 
 
 def _move(path: Path, staging: Path) -> None:
@@ -90,7 +106,10 @@ def _move(path: Path, staging: Path) -> None:
         path.rmdir()
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(path, target)
+    try:
+        os.rename(path, target)
+    except OSError:  # EXDEV: a directory of a lower overlay layer (the engine path's payload stage)
+        shutil.move(str(path), str(target))
 
 
 def _normalise(tree: Path) -> None:
@@ -120,13 +139,15 @@ def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
         if "__pycache__" in dirs:
             shutil.rmtree(os.path.join(root, "__pycache__"))
             dirs.remove("__pycache__")
+    # Moved in one sorted order, so every staging tree is created in the same order on every
+    # build (a layer's tar lists entries in the order the engine walks them).
     counts: dict[str, int] = {}
-    for name, paths in sorted(installed.items()):
-        group = groups.get(name, BASE_GROUP)
-        for path in paths:
-            if os.path.lexists(path):
-                _move(path, staging / group)
-                counts[group] = counts.get(group, 0) + 1
+    moves = sorted((str(path), groups.get(name, BASE_GROUP))
+                   for name, paths in installed.items() for path in paths)
+    for path, group in moves:
+        if os.path.lexists(path):
+            _move(Path(path), staging / group)
+            counts[group] = counts.get(group, 0) + 1
     # Directories the distributions emptied go; what is left (the interpreter links,
     # pyvenv.cfg, activate scripts) is the base group.
     for root, dirs, _files in os.walk(venv, topdown=False):
