@@ -315,7 +315,11 @@ def test_stage_splits_cuts_and_normalises(tmp_path):
     torch_tree = staging / "torch-1" / rel / "lib" / "python3.12" / "site-packages"
     assert (torch_tree / "torch" / "__init__.py").is_file()
     assert not (torch_tree / "torch" / "lib" / "libtorch.a").exists(), "static library cut"
-    assert not (torch_tree / "torch" / "__pycache__").exists(), "cache cut"
+    assert not (torch_tree / "torch" / "__pycache__" / "x.cpython-312.pyc").exists(), "shipped cache cut"
+    # Bytecode compiled in place: hash-based, never re-validated, recording the final path.
+    pycs = list((torch_tree / "torch" / "__pycache__").glob("__init__.*.pyc"))
+    assert len(pycs) == 1 and int.from_bytes(pycs[0].read_bytes()[4:8], "little") == 0b01
+    assert str(venv / "lib" / "python3.12" / "site-packages" / "torch" / "__init__.py").encode() in pycs[0].read_bytes()
     assert not (torch_tree / "torch-2.10.0.dist-info" / "uv_cache.json").exists()
     record = (torch_tree / "torch-2.10.0.dist-info" / "RECORD").read_text().splitlines()
     assert record == sorted(record) and not any("uv_cache.json" in line for line in record)

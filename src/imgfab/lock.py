@@ -260,7 +260,8 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
         biggest = ", ".join(f"{p.name} {_size(p.cuts[kind])}" for p in owners[:4])
         head.append(f"# cut: {what}: {_size(amount)}" + (f" ({biggest})" if biggest else ""))
     head.append("# cut: CUDA libraries of a second CUDA major: 0 B (refused at lock time, one major only)")
-    head.append("# cut: bytecode: not compiled into the image (see bench/README.md for the import-time measurement)")
+    head.append("# kept: bytecode, compiled by imgfab-stage (unchecked-hash): import vllm 8.9 s -> 2.5 s "
+                "for 0.34 GB (bench/README.md)")
     for layer, used, names in layer_plan(packages):
         note = " single package over the limit" if used > LAYER_LIMIT else ""
         head.append(f"# layer {layer} ({_size(used)}{note}): {' '.join(names)}")
