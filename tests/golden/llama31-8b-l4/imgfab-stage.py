@@ -8,7 +8,11 @@ Runs inside the builder stage (copied into the build context as ``imgfab-stage.p
 2. moves each distribution's files (its installed ``RECORD``) to ``STAGING/<group>/VENV/...``
    for the group the lock's ``# layer <group>: <names>`` header line puts it in; what no
    RECORD names (the venv's own files) goes to the group ``venv``;
-3. normalises every staged entry: owner 0:0, mtime :data:`EPOCH`, so two builds of one lock
+3. compiles each group's Python files to bytecode next to them (``unchecked-hash`` pycs: no
+   source mtime inside, never re-validated, so they survive the mtime normalisation and stay
+   byte-identical; measured: ``import vllm`` 8.9 s without bytecode, 2.4–2.7 s with it, for
+   0.34 GB, bench/README.md);
+4. normalises every staged entry: owner 0:0, mtime :data:`EPOCH`, so two builds of one lock
    give byte-identical layers.
 
 The same rules decide the cuts the lock header measures (:mod:`imgfab.lock` imports
@@ -17,8 +21,10 @@ The same rules decide the cuts the lock header measures (:mod:`imgfab.lock` impo
 
 from __future__ import annotations
 
+import compileall
 import csv
 import os
+import py_compile
 import re
 import shutil
 import sys
@@ -112,6 +118,13 @@ def _move(path: Path, staging: Path) -> None:
         shutil.move(str(path), str(target))
 
 
+def _compile(tree: Path) -> None:
+    """Bytecode for every ``.py`` under ``tree``, as the interpreter will find it at its final
+    path (``tree`` stripped from the recorded file names)."""
+    compileall.compile_dir(str(tree), quiet=2, stripdir=str(tree), prependdir="/", workers=0,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+
+
 def _normalise(tree: Path) -> None:
     for root, dirs, files in os.walk(tree, topdown=False):
         for name in files + dirs:
@@ -160,6 +173,7 @@ def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
         counts[BASE_GROUP] = counts.get(BASE_GROUP, 0) + 1
     for group in sorted(set(groups.values()) | {BASE_GROUP}):
         (staging / group / venv.relative_to("/")).mkdir(parents=True, exist_ok=True)
+        _compile(staging / group)
         _normalise(staging / group)
     return counts
 
