@@ -85,10 +85,10 @@ def test_dockerfile_essentials(matrix):
         assert f'NVIDIA_REQUIRE_CUDA="{stack.nvidia_require_cuda}"' in dockerfile
         assert "HEALTHCHECK" in dockerfile and "ENTRYPOINT" in dockerfile
         # Serving parameters come after the payload: the LABEL (recipe hash) follows the
-        # payload layers, which come first in the runtime (they depend on the base only).
+        # payload layers, which follow the runtime's OS layer.
         payload = dockerfile.index(" /opt/imgfab/layers/venv/ /")
         assert payload < dockerfile.index("LABEL")
-        assert payload < dockerfile.index("RUN", dockerfile.index("AS runtime"))
+        assert payload > dockerfile.index("RUN", dockerfile.index("AS runtime")), "OS layer first"
         assert "COPY image.json" in dockerfile[payload:]
         # Weights are never copied in: only mounted.
         assert recipe.model.mount_path not in dockerfile.split("VOLUME")[0].replace(

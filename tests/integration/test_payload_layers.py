@@ -63,7 +63,7 @@ def _build(recipe: Path, url: str, lock: Path, out: Path, *extra: str) -> dict:
 
 
 def payload_layers(built: dict, groups: list[str]) -> dict[str, str]:
-    """``{group: diff id}``: the runtime's payload COPYs are the first layers on its base."""
+    """``{group: diff id}``: the runtime's payload COPYs follow its base and its OS layer."""
     from imgfab import registry
 
     ref = built["tags"][0]
@@ -73,7 +73,8 @@ def payload_layers(built: dict, groups: list[str]) -> dict[str, str]:
     config = registry.image_config(base, registry.Credentials.load(registry.ImageRef.parse(base).host))
     base_layers = config["rootfs"]["diff_ids"]
     assert layers[:len(base_layers)] == base_layers
-    return dict(zip(groups, layers[len(base_layers):len(base_layers) + len(groups)]))
+    first = len(base_layers) + 1
+    return dict(zip(groups, layers[first:first + len(groups)]))
 
 
 def _history(ref: str) -> str:
