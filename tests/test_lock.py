@@ -118,7 +118,7 @@ def test_layer_plan_groups_by_content_and_caps_each_layer():
                 _pkg("vllm", installed=gb), _pkg("flashinfer-python", installed=gb // 2), _pkg("six", installed=100)]
     plan = lockmod.layer_plan(packages)
     assert [name for name, _, _ in plan] == ["cuda-1", "cuda-2", "torch-1", "rest-1", "vllm-1"]
-    assert all(size <= lockmod.LAYER_LIMIT for name, size, _ in plan if name != "torch-1")
+    assert all(size <= lockmod.PLAN_LIMIT < lockmod.LAYER_LIMIT for name, size, _ in plan if name != "torch-1")
     assert dict((n, names) for n, _, names in plan)["torch-1"] == ["torch"]  # alone: over the limit
     text = lockmod.format_lock(_request(cuda_major="12", indexes=()), packages, uv_version="0.13.9")
     assert "# layer torch-1 (2.50 GB single package over the limit): torch" in text
