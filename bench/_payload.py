@@ -31,28 +31,38 @@ def stack_of(recipe: Path):
     return parsed, stack, render_context(parsed, stack, matrix)
 
 
+STAND_IN_PYTHON = ("3.11", "x86_64-manylinux_2_36")  # the local stack's bookworm stand-in bases
+
+
+def stand_in_lock(recipe: Path, output: Path, *, pins: dict[str, str] | None = None) -> Path:
+    """``recipe`` locked from PyPI for the stand-in bases' interpreter (Python 3.11, glibc
+    2.36); ``pins`` replaces top-level pins (e.g. another vLLM patch release)."""
+    from imgfab.lock import lock_recipe
+
+    lock_recipe(str(recipe), output=output, upgrade=True, python=STAND_IN_PYTHON[0],
+                platform=STAND_IN_PYTHON[1], extra_pins=pins or None)
+    return output
+
+
 @contextlib.contextmanager
 def options_for(payload: str, recipe: Path) -> Iterator:
-    """BuildOptions for ``payload`` (light: fake wheels on 127.0.0.1; real: PyPI through the
-    host CA bundle)."""
+    """BuildOptions for ``payload``: light (fake wheels on 127.0.0.1, locked against that
+    index) or real (PyPI through the host CA bundle, locked for the stand-in bases)."""
     from imgfab.build import BuildOptions
 
     ca = os.environ.get("IMGFAB_CA_CERT")
     base = dict(mirror=os.environ.get("IMGFAB_MIRROR"), network="host",
                 ca_cert=Path(ca) if ca else None)
-    if payload == "real":
-        yield BuildOptions(**base)
-        return
-    from fake_payload import pins_of, serve_index
-
-    os.environ.setdefault("IMGFAB_PIP_RETRIES", "0")
-    os.environ.setdefault("IMGFAB_PIP_TIMEOUT", "5")
-    _, _, files = stack_of(recipe)
     with tempfile.TemporaryDirectory() as root:
-        req = Path(root) / "requirements.txt"
-        req.write_text(files["requirements.txt"])
-        with serve_index(pins_of(req), Path(root) / "index") as url:
-            yield BuildOptions(pip_index_url=url, **base)
+        if payload == "real":
+            yield BuildOptions(lock=stand_in_lock(recipe, Path(root) / f"{recipe.stem}.lock"), **base)
+            return
+        from fake_payload import locked_index
+
+        os.environ.setdefault("IMGFAB_PIP_RETRIES", "0")
+        os.environ.setdefault("IMGFAB_PIP_TIMEOUT", "5")
+        with locked_index(recipe, Path(root)) as (url, lock):
+            yield BuildOptions(pip_index_url=url, lock=lock, **base)
 
 
 def bench_recipe(recipe: Path, directory: Path, repository: str | None, text: str | None = None) -> Path:

@@ -43,6 +43,13 @@ CMD ["/opt/venv/bin/vllm", "serve", "/models"]
 """
 
 
+def _lock_pins(options):
+    """The locked packages (name → (version, hashes)) the imgfab image installs."""
+    from imgfab.lock import Lock
+
+    return Lock.parse(Path(options.lock).read_text()).packages
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_payload_arguments(parser)
@@ -85,7 +92,9 @@ def main() -> int:
         naive_dir = Path(scratch) / "naive"
         naive_dir.mkdir()
         (naive_dir / "Dockerfile").write_text(NAIVE.format(builder=bases["BUILDER_IMAGE"]))
-        (naive_dir / "requirements.txt").write_text(files["requirements.txt"])
+        # The naive image installs the top-level pins with pip, resolving at build time.
+        (naive_dir / "requirements.txt").write_text("".join(
+            f"{name}=={version}\n" for name, (version, _) in sorted(_lock_pins(options).items())))
         secrets = {"ca-cert": options.ca_cert} if options.ca_cert else {}
         if options.pip_index_url:
             secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))

@@ -18,4 +18,10 @@ scripts/local-stack.sh up
 source .stack/env
 
 .venv/bin/imgfab resolve "$RECIPE"
-exec .venv/bin/imgfab build "$RECIPE" --push
+# The committed lock (recipes/<name>.lock) targets the image's own Python and glibc (ubuntu24.04:
+# 3.12, 2.39). The local stack's bases are bookworm stand-ins (Python 3.11, glibc 2.36), so the
+# demo locks the same recipe for the stand-in's interpreter and builds from that lock.
+mkdir -p build
+LOCK="build/$(basename "$RECIPE" .yaml).stand-in.lock"
+.venv/bin/imgfab lock "$RECIPE" --python-version 3.11 --python-platform x86_64-manylinux_2_36 --output "$LOCK"
+exec .venv/bin/imgfab build "$RECIPE" --push --lock "$LOCK"

@@ -146,6 +146,8 @@ def test_image_registry_of_the_recipe_is_used(tmp_path, recorder):
     data["image"]["registry"] = "registry.example:5000"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(data))
+    lock = RECIPE.with_name(f"{data['name']}.lock")  # the payload lock sits next to its recipe
+    (tmp_path / lock.name).write_text(lock.read_text())
     _build(tmp_path, recipe=recipe)
     assert any(t.startswith("registry.example:5000/") for t in recorder["tags"]), recorder["tags"]
     _build(tmp_path, recipe=recipe, registry="other.example")

@@ -27,8 +27,12 @@ GOLDEN = REPO / "tests" / "golden"
 
 
 def _render(path: Path, matrix) -> dict[str, str]:
+    """The context `imgfab render` writes: with the recipe's committed lock when it is current."""
+    from imgfab.lock import committed_lock
+
     recipe = load_recipe(path)
-    return render_context(recipe, resolve(recipe, matrix).stack, matrix)
+    stack = resolve(recipe, matrix).stack
+    return render_context(recipe, stack, matrix, lock=committed_lock(path, recipe, stack))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
@@ -81,9 +85,12 @@ def test_dockerfile_essentials(matrix):
         assert f"USER {recipe.image.uid}:{recipe.image.uid}" in dockerfile
         assert f'NVIDIA_REQUIRE_CUDA="{stack.nvidia_require_cuda}"' in dockerfile
         assert "HEALTHCHECK" in dockerfile and "ENTRYPOINT" in dockerfile
-        # Serving parameters come after the payload: the LABEL (recipe hash) follows the venv copy.
-        assert dockerfile.index("COPY --from=builder /opt/venv") < dockerfile.index("LABEL")
-        assert "COPY image.json" in dockerfile.split("COPY --from=builder /opt/venv")[1]
+        # Serving parameters come after the payload: the LABEL (recipe hash) follows the
+        # payload layers, which follow the runtime's OS layer.
+        payload = dockerfile.index(" /opt/imgfab/layers/venv/ /")
+        assert payload < dockerfile.index("LABEL")
+        assert payload > dockerfile.index("RUN", dockerfile.index("AS runtime")), "OS layer first"
+        assert "COPY image.json" in dockerfile[payload:]
         # Weights are never copied in: only mounted.
         assert recipe.model.mount_path not in dockerfile.split("VOLUME")[0].replace(
             f'mkdir -p "{recipe.model.mount_path}"', "").replace(f'chown {recipe.image.uid}:{recipe.image.uid} "{recipe.model.mount_path}"', "")

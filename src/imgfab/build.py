@@ -2,7 +2,8 @@
 
 :func:`build_recipe` is the whole flow for one recipe:
 
-1. load, resolve and render the build context into ``build/<name>`` (or ``--output``);
+1. load, resolve, take the recipe's fresh lock (``recipes/<name>.lock``, or ``--lock``) and
+   render the build context into ``build/<name>`` (or ``--output``);
 2. map the Dockerfile's base-image arguments through the mirror (``ref`` →
    ``{mirror}/{ref}``), optionally pinned to the digest the registry serves now;
 3. ``docker build`` through :mod:`imgfab.engine` with the CA bundle and a pip configuration as
@@ -60,7 +61,8 @@ class BuildOptions:
     compat_dir: Path | None = None
     compile: str = "auto"  # TensorRT engine path: auto | two-phase | at-start
     engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
-    no_cache: bool = False  # build every step afresh (bench/bake_fleet.py's cold builds)
+    lock: Path | None = None  # the payload lock (default: the recipe's committed, fresh lock)
+    no_cache: bool = False  # build every step again (BuildKit cache mounts are kept)
 
 
 @dataclass
@@ -239,6 +241,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                  context_dir: Path | None = None) -> BuiltImage:
     """Build, verify (and optionally smoke-test and push) the image of one recipe."""
     from imgfab.compat import load_matrix  # noqa: PLC0415
+    from imgfab.lock import load_for_build  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
     from imgfab.render import image_tag, render_context, write_context  # noqa: PLC0415
     from imgfab.resolve import resolve  # noqa: PLC0415
@@ -251,7 +254,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
     strategy = _compile_strategy(stack, options, on_line)
-    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase")
+    lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
+    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock)
     context = write_context(files, context_dir or Path("build") / recipe.name)
     build_args = base_image_args(stack, options)
     tag_name = image_tag(recipe, stack)

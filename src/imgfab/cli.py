@@ -100,8 +100,12 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
     empty); anything else needs --force."""
     from imgfab.render import render_context, write_context
 
+    from imgfab.lock import committed_lock
+
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
-    files = render_context(parsed, resolution.stack, matrix)
+    files = render_context(parsed, resolution.stack, matrix,
+                           lock=committed_lock(recipe, parsed, resolution.stack,
+                                               Path(compat_dir) if compat_dir else None))
     target = Path(output) if output else Path("build") / parsed.name
     try:
         write_context(files, target, force=force)
@@ -315,17 +319,22 @@ def doctor(image: str | None, as_json: bool) -> None:
               help="--smoke: keep the engine's memlock ulimit (engines that cannot raise it).")
 @click.option("--engine-at-start", is_flag=True,
               help="TensorRT engine path: compile on first start on the target host, into a cache volume.")
-@click.option("--no-cache", is_flag=True, help="Run every build step afresh (no BuildKit cache).")
 @click.option("--engine-out", type=click.Path(file_okay=False),
               help="TensorRT engine path, two-phase: directory for the compiled checkpoint (holds weights).")
+@click.option("--no-cache", is_flag=True, help="Run every build step again (cache mounts are kept).")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Install this lock instead of the recipe's committed recipes/<name>.lock (one recipe).")
 @compat_option
 def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_cert: str | None,
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
-          no_memlock: bool, engine_at_start: bool, no_cache: bool, engine_out: str | None,
+          no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool, lock_file: str | None,
           compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
+    if lock_file and len(recipes) != 1:
+        raise RecipeError("--lock names the lock of one recipe", field="--lock",
+                          fix="build one recipe per --lock")
     if bake_file:
         from imgfab.bake import write_bake
 
@@ -344,7 +353,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            compat_dir=Path(compat_dir) if compat_dir else None,
                            compile="at-start" if engine_at_start else "auto",
                            engine_out=Path(engine_out) if engine_out else None,
-                           no_cache=no_cache)
+                           lock=Path(lock_file) if lock_file else None, no_cache=no_cache)
     results = []
     for path in recipes:
         context = None
@@ -363,6 +372,66 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         payload = results[0].to_dict() if len(results) == 1 else \
             {"images": [r.to_dict() for r in results]}
         click.echo(json.dumps(payload, indent=2, sort_keys=True))
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--check", is_flag=True,
+              help="Offline: exit 1 naming each recipe whose lock is missing or stale.")
+@click.option("--upgrade", is_flag=True, help="Re-resolve even a fresh lock; print what changed.")
+@click.option("--index-url", help="Resolve from this index only (a mirror; the tests' fake index).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Write the lock here instead of recipes/<name>.lock (one recipe).")
+@click.option("--python-version", help="Lock for this Python instead of the stack's (with --output).")
+@click.option("--python-platform", help="Lock for this uv platform, e.g. x86_64-manylinux_2_36 (with --output).")
+@compat_option
+def lock(recipes: tuple[str, ...], check: bool, upgrade: bool, index_url: str | None,
+         output: str | None, python_version: str | None, python_platform: str | None,
+         compat_dir: str | None) -> None:
+    """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock."""
+    from imgfab.lock import check_lock, lock_recipe
+
+    compat_path = Path(compat_dir) if compat_dir else None
+    if check:
+        failed = []
+        for path in recipes:
+            result = check_lock(path, compat_path)
+            if result.problem:
+                failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
+            elif result.note:
+                click.echo(f"{result.recipe}: lock current; {result.note}")
+            else:
+                click.echo(f"{result.recipe}: lock current")
+        if failed:
+            click.echo(f"imgfab: lock: missing or stale: {'; '.join(failed)}; fix: run "
+                       f"`imgfab lock RECIPE` and commit the lock", err=True)
+            sys.exit(1)
+        return
+    if output and len(recipes) != 1:
+        raise RecipeError("--output names the lock of one recipe", field="--output",
+                          fix="lock one recipe per --output")
+    from imgfab.errors import CompatibilityError
+
+    refused = []
+    for path in recipes:
+        try:
+            result = lock_recipe(path, upgrade=upgrade, index_url=index_url,
+                                 output=Path(output) if output else None, compat_dir=compat_path,
+                                 python=python_version, platform=python_platform)
+        except CompatibilityError as error:  # recorded in the lock; the other recipes go on
+            click.echo(f"imgfab: {error.one_line()}", err=True)
+            refused.append(error)
+            continue
+        if not result.written:
+            click.echo(f"{result.path}: current ({len(result.lock.packages)} packages)")
+            continue
+        click.echo(f"wrote {result.path} ({len(result.lock.packages)} packages)")
+        for line in result.diff:
+            click.echo(f"  {line}")
+        if not result.diff:
+            click.echo("  no package changed")
+    if refused:
+        sys.exit(refused[0].exit_code)
 
 
 @cli.group()

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -27,10 +27,15 @@ from imgfab.compat import Matrix
 from imgfab.errors import RecipeError
 from imgfab.recipe import Recipe, recipe_hash
 from imgfab.resolve import Stack
+from imgfab.stage import BASE_GROUP
+
+if TYPE_CHECKING:
+    from imgfab.lock import Lock
 
 LABEL_PREFIX = "org.imgfab"
 # Files of the imgfab package copied into every image so the probe runs the resolver's rules.
 PROBE_MODULES = ("__init__.py", "rules.py", "probe.py")
+DEFAULT_INDEX = "https://pypi.org/simple"
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
@@ -229,33 +234,41 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
     return commands
 
 
-# TensorRT-LLM's PyPI entries are stubs whose real wheels live on NVIDIA's index
-# (tensorrt-llm 1.2.1 sdist: build backend wheel-stub fetches from pypi.nvidia.com).
-_EXTRA_INDEX = {"tensorrt-llm": "https://pypi.nvidia.com"}
-_PYPI = "https://pypi.org/simple"
-
-
-def _requirements(stack: Stack) -> list[str]:
-    """requirements.txt lines: the backend and torch pinned exactly, option lines first."""
+def requirement_pins(stack: Stack) -> list[str]:
+    """The payload's top-level pins: the backend and torch exactly (``imgfab lock`` resolves
+    the rest; where each name comes from is compat/payload.yaml's business)."""
     package = {"vllm": "vllm", "tensorrt-llm": "tensorrt-llm"}[stack.backend]
     pins = [f"{package}=={stack.backend_version}"]
     if stack.torch:
         pins.append(f"torch=={stack.torch}")
     if stack.backend == "tensorrt-llm":  # one exact TensorRT: the engine's cache key and label name it
         pins.append(f"tensorrt=={trtllm.tensorrt_pin(stack)}")
-    options = [f"--extra-index-url {_EXTRA_INDEX[stack.backend]}"] if stack.backend in _EXTRA_INDEX else []
-    if stack.torch_index and stack.torch_index != _PYPI:  # e.g. torch 2.9.1+cu130 (compat/torch.yaml index)
-        options.append(f"--extra-index-url {stack.torch_index}")
-    return options + sorted(pins)
+    return sorted(pins)
+
+
+def _payload(stack: Stack, lock: Lock | None) -> dict[str, Any]:
+    """The lock the builder installs and the layer groups the runtime copies.
+
+    Without a lock (``imgfab render`` of a recipe not locked yet) the context carries the
+    unhashed pins, which ``--require-hashes`` refuses at build time, and one payload layer."""
+    if lock is None:
+        text = ("# not locked: run `imgfab lock RECIPE`; uv --require-hashes refuses this file\n"
+                + "\n".join(requirement_pins(stack)) + "\n")
+        return {"lock_text": text, "installer": "", "layers": [BASE_GROUP], "index": DEFAULT_INDEX}
+    return {"lock_text": lock.text, "installer": lock.installer, "layers": lock.layers(),
+            "index": lock.index or DEFAULT_INDEX}
 
 
 def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
-                   recipe_text: str = "", engine_strategy: str = "two-phase") -> dict[str, str]:
+                   recipe_text: str = "", engine_strategy: str = "two-phase",
+                   lock: Lock | None = None) -> dict[str, str]:
     """Render every file of the build context. Pure and deterministic.
 
     ``engine_strategy`` (TensorRT engine path only): ``two-phase`` ships the weight-stripped
     engine compiled by :func:`imgfab.trtllm.two_phase` (``engine/`` in the context), ``at-start``
     ships none and compiles on first start. See :func:`imgfab.trtllm.choose_compile_strategy`.
+    ``lock`` is the payload lock (:mod:`imgfab.lock`) the builder installs and the runtime
+    layers; ``None`` renders the unlocked pins (see :func:`_payload`).
     """
     digest = recipe_hash(recipe)
     profile = matrix.profiles[stack.backend]
@@ -285,7 +298,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "builder_packages": sorted(profile.builder_packages),
         "runtime_packages": runtime_packages,
         "runtime_toolchain": sorted(stack.runtime_toolchain),
-        "requirements": _requirements(stack),
+        "requirements": requirement_pins(stack),
+        "payload": _payload(stack, lock),
         "serve_commands": commands,
         "default_preset": recipe.serve.preset,
         "uid": recipe.image.uid,
@@ -307,7 +321,9 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     env = _environment()
     files: dict[str, str] = {
         "Dockerfile": env.get_template("Dockerfile.j2").render(context),
-        "requirements.txt": "\n".join(context["requirements"]) + "\n",
+        "requirements.lock": context["payload"]["lock_text"],
+        "installer.lock": (context["payload"]["installer"] or "# no installer pinned: not locked") + "\n",
+        "imgfab-stage.py": (resources.files("imgfab") / "stage.py").read_text(encoding="utf-8"),
         "netenv.sh": env.get_template("netenv.sh.j2").render(context),
         "entrypoint.sh": env.get_template("entrypoint.sh.j2").render(context),
         "imgfab-probe.sh": env.get_template("imgfab-probe.sh.j2").render(context),

@@ -71,7 +71,7 @@ TOOL_PATHS: dict[str, tuple[str, ...]] = {
 ALWAYS_FORBIDDEN: dict[str, tuple[str, ...]] = {
     "apt cache": (r"var/cache/apt/archives/[^/]+\.deb",),
     "pip cache": (r"root/\.cache/pip/.+", r"home/[^/]+/\.cache/pip/.+"),
-    "builder requirements": (r"opt/imgfab/requirements\.txt",),
+    "builder requirements": (r"opt/imgfab/requirements\.(txt|lock)",),
 }
 NOTE_ONLY: dict[str, tuple[str, ...]] = {"ninja (Python wheel)": (r"opt/venv/bin/ninja",)}
 _CHUNK = 4 * 1024 * 1024

@@ -1,9 +1,9 @@
 """`imgfab build` end to end on the local stack, with a light payload and the real Dockerfile.
 
-Fake pure-Python wheels for exactly the pins render writes (tests/fixtures/fake_payload.py) are
-served from a PEP 503 index on 127.0.0.1; builds run `imgfab build --pip-index-url URL
---network host --mirror $IMGFAB_MIRROR`. The TensorRT-LLM requirements' extra index
-(pypi.nvidia.com) fails fast through pip.conf (IMGFAB_PIP_RETRIES=0, IMGFAB_PIP_TIMEOUT=5).
+Fake pure-Python wheels for exactly the stack's top-level pins, and the real uv wheel the builder
+installs with (tests/fixtures/fake_payload.py), are served from a PEP 503 index on 127.0.0.1;
+each recipe is locked against that index (`imgfab lock --index-url URL --output X.lock`), and
+builds run `imgfab build --pip-index-url URL --lock X.lock --network host --mirror $IMGFAB_MIRROR`.
 
     source .stack/env && python -m pytest -m integration tests/integration/test_build.py
 """
@@ -84,32 +84,24 @@ def work(tmp_path_factory):
 
 
 def _index_url(recipe: Path, root: Path) -> str:
-    from fake_payload import serve_index
+    """The fake index serving ``recipe``'s pins (one per pin set for the module)."""
+    return _locked(recipe, root)[0]
 
-    pins = _pins(recipe)
-    key = json.dumps(pins, sort_keys=True)
+
+def _lock_of(recipe: Path, root: Path) -> str:
+    """The lock of ``recipe`` resolved against its fake index (hashes of the fake wheels)."""
+    return str(_locked(recipe, root)[1])
+
+
+def _locked(recipe: Path, root: Path) -> tuple[str, Path]:
+    from fake_payload import locked_index, recipe_pins
+
+    key = json.dumps(recipe_pins(recipe), sort_keys=True)
     if key not in _INDEXES:
         index_root = root / f"index-{uuid.uuid4().hex[:8]}"
-        _INDEXES[key] = _INDEXES["stack"].enter_context(serve_index(pins, index_root))  # type: ignore[attr-defined]
-    return _INDEXES[key]
-
-
-def _pins(recipe: Path) -> dict[str, str]:
-    from fake_payload import pins_of
-    from imgfab.compat import load_matrix
-    from imgfab.recipe import load_recipe
-    from imgfab.render import render_context
-    from imgfab.resolve import resolve
-
-    parsed = load_recipe(recipe)
-    matrix = load_matrix()
-    files = render_context(parsed, resolve(parsed, matrix).stack, matrix)
-    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"imgfab-req-{uuid.uuid4().hex}"
-    scratch.write_text(files["requirements.txt"])
-    try:
-        return pins_of(scratch)
-    finally:
-        scratch.unlink()
+        index_root.mkdir()
+        _INDEXES[key] = _INDEXES["stack"].enter_context(locked_index(recipe, index_root))  # type: ignore[attr-defined]
+    return _INDEXES[key]  # type: ignore[return-value]
 
 
 def imgfab_build(recipe: Path, root: Path, ca: Path, *extra: str) -> dict:
@@ -118,7 +110,7 @@ def imgfab_build(recipe: Path, root: Path, ca: Path, *extra: str) -> dict:
     url = _index_url(recipe, root)
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json",
-         "--pip-index-url", url, "--network", "host", "--mirror", MIRROR,
+         "--pip-index-url", url, "--lock", _lock_of(recipe, root), "--network", "host", "--mirror", MIRROR,
          "--ca-cert", str(ca), "--output", str(root / f"ctx-{recipe.stem}"), *extra],
         capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -409,8 +401,8 @@ def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
     env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
-         _index_url(VLLM, root), "--network", "host", "--mirror", MIRROR, "--ca-cert", str(ca),
-         "--output", str(root / f"ctx-smoke-{healthy}"), "--registry", REGISTRY, "--push",
+         _index_url(VLLM, root), "--lock", _lock_of(VLLM, root), "--network", "host",
+         "--mirror", MIRROR, "--ca-cert", str(ca), "--output", str(root / f"ctx-smoke-{healthy}"), "--registry", REGISTRY, "--push",
          "--smoke", "--weights", str(weights), "--smoke-gpus", "none", "--no-memlock"],
         capture_output=True, text=True, env=env, timeout=900)
     tags = registry.list_tags(f"{REGISTRY}/{repository}", registry.Credentials.load(REGISTRY))

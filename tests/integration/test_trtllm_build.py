@@ -1,8 +1,8 @@
 """Build the TensorRT engine recipe's builder stage on the local engine, up to where a GPU is needed.
 
-A fake ``tensorrt-llm`` (plus ``tensorrt`` and ``torch``) wheel is served from a PEP 503 index on
-127.0.0.1; the requirements' ``--extra-index-url https://pypi.nvidia.com`` fails fast (pip.conf:
-retries 0, timeout 3). The builder image is then run WITHOUT a GPU: the compile step prints exactly
+A fake ``tensorrt-llm`` (plus ``tensorrt`` and ``torch``) wheel and the real uv wheel are served from
+a PEP 503 index on 127.0.0.1; the recipe is locked against it (`imgfab lock --index-url`) and the
+builder installs that lock. The builder image is then run WITHOUT a GPU: the compile step prints exactly
 the checked argv and refuses cleanly (exit 5). Weights and calibration prompts are never in a layer.
 
 Run with the local stack: ``source .stack/env && python -m pytest -m integration tests/integration``.
@@ -15,7 +15,9 @@ import hashlib
 import http.server
 import io
 import os
+import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 import zipfile
@@ -24,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from imgfab import trtllm
+from imgfab.lock import Lock
 from imgfab.recipe import load_recipe
 from imgfab.render import render_context, write_context
 from imgfab.resolve import resolve
@@ -85,6 +88,14 @@ def index(tmp_path_factory, matrix):
            {s: "tensorrt_llm.commands.fake:main" for s in ("trtllm-build", "trtllm-refit", "trtllm-serve")})
     _wheel(root, "tensorrt", "10.14.1.48.post1", {"tensorrt/__init__.py": '__version__ = "10.14.1.48.post1"\n'})
     _wheel(root, "torch", torch, {"torch/__init__.py": f'__version__ = "{torch}"\n'})
+    # The builder installs the lock with the real uv wheel compat/payload.yaml pins (hash-checked).
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    from fake_payload import installer_wheel
+
+    uv = installer_wheel()
+    (root / "uv").mkdir()
+    shutil.copyfile(uv, root / "uv" / uv.name)
+    (root / "uv" / "index.html").write_text(f'<a href="{uv.name}">{uv.name}</a>\n')
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a, **k):
@@ -111,7 +122,13 @@ def builder(index, tmp_path_factory, matrix):
     recipe = load_recipe(RECIPE)
     stack = resolve(recipe, matrix).stack
     work = tmp_path_factory.mktemp("ctx")
-    context = write_context(render_context(recipe, stack, matrix), work / "ctx")
+    # The recipe locked against the fake index: the builder installs nothing else.
+    lock_file = work / "test.lock"
+    locked = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock", str(RECIPE), "--index-url",
+                             index, "--output", str(lock_file)], capture_output=True, text=True)
+    assert locked.returncode == 0, locked.stderr
+    lock = Lock.parse(lock_file.read_text())
+    context = write_context(render_context(recipe, stack, matrix, lock=lock), work / "ctx")
     pip_conf = work / "pip.conf"
     pip_conf.write_text(f"[global]\nindex-url = {index}\ntimeout = 3\nretries = 0\n")
     mirror = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")

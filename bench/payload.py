@@ -1,0 +1,219 @@
+"""The locked, layered payload, measured side by side in one run (issue 9's table).
+
+    source .stack/env && python bench/payload.py --payload light
+    source .stack/env && python bench/payload.py --payload real --only registry,serving,largest
+
+Measurements (``--only`` picks some; all by default):
+
+- ``install``  cold install of one lock, empty caches: ``uv pip install`` ÷ ``pip install``
+               (both ``--require-hashes --no-deps``, into fresh venvs of the host's python3, the
+               interpreter the stand-in bases' lock targets; goal ≤ 0.4)
+- ``push``     push time of the image with the payload in content-grouped layers ÷ the same
+               payload in one layer (goal ≤ 0.5). Light payload only by default: each side must
+               upload blobs the registry has never seen, which the light payload gets from a
+               salt in its fake wheels
+- ``registry`` registry bytes for the two example vLLM recipes (same stack) ÷ the sum of their
+               image sizes (compressed, from the manifests; goal ≤ 0.6)
+- ``serving``  bytes uploaded by the re-push after a serving change ÷ image size (goal ≤ 0.01)
+- ``bump``     bytes uploaded by the re-push after a vLLM patch bump on the same torch
+               ÷ image size (goal ≤ 0.15); ``--bump-vllm`` names the release (light: fake)
+- ``largest``  the largest layer, uncompressed and compressed (goal ≤ 2 GB)
+
+Images go to ``imgfab-bench/*`` repositories (never an example recipe's), each run under a
+fresh repository name so "bytes uploaded" counts what this run uploads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from _payload import REPO, STAND_IN_PYTHON, bench_recipe, docker, stand_in_lock
+
+QWEN = REPO / "recipes" / "qwen2-7b-h100.yaml"
+LLAMA = REPO / "recipes" / "llama31-8b-l4.yaml"
+ALL = ("install", "push", "registry", "serving", "bump", "largest")
+
+
+def _registry():
+    from imgfab import registry
+
+    host = os.environ.get("IMGFAB_REGISTRY", "127.0.0.1:5000")
+    return host, registry.Credentials.load(host)
+
+
+def push_measured(local_ref: str, repository: str, tag: str) -> dict:
+    """Push; returns seconds, bytes uploaded (layers the daemon reported ``Pushed``) and the
+    image's compressed size and layers (manifest)."""
+    from imgfab import registry
+
+    host, credentials = _registry()
+    lines: list[str] = []
+    started = time.monotonic()
+    registry.push(local_ref, f"{host}/{repository}:{tag}", credentials=credentials, on_line=lines.append)
+    seconds = time.monotonic() - started
+    pushed = {line.split()[0] for line in lines if line.endswith(" Pushed")}
+    manifest = registry._get_manifest(registry._client_for(registry.ImageRef(host, repository, tag), credentials),
+                                      registry.ImageRef(host, repository, tag), tag)
+    diff_ids = json.loads(docker("image", "inspect", local_ref))[0]["RootFS"]["Layers"]
+    layers = manifest["layers"]
+    assert len(layers) == len(diff_ids), "manifest and image disagree"
+    uploaded = sum(layer["size"] for layer, diff in zip(layers, diff_ids) if diff[7:19] in pushed)
+    return {"seconds": seconds, "uploaded": uploaded, "size": sum(layer["size"] for layer in layers),
+            "layers": [(layer["digest"], layer["size"]) for layer in layers]}
+
+
+@contextlib.contextmanager
+def payload_options(payload: str, recipe: Path, scratch: Path, *, salt: str = "",
+                    pins: dict[str, str] | None = None):
+    from imgfab.build import BuildOptions
+
+    ca = os.environ.get("IMGFAB_CA_CERT")
+    base = dict(mirror=os.environ.get("IMGFAB_MIRROR"), network="host", ca_cert=Path(ca) if ca else None)
+    scratch.mkdir(parents=True, exist_ok=True)
+    if payload == "real":
+        yield BuildOptions(lock=stand_in_lock(recipe, scratch / f"{recipe.stem}.lock", pins=pins), **base)
+        return
+    from fake_payload import locked_index
+
+    os.environ.setdefault("IMGFAB_PIP_RETRIES", "0")
+    os.environ.setdefault("IMGFAB_PIP_TIMEOUT", "5")
+    with locked_index(recipe, scratch, pins=pins, salt=salt) as (url, lock):
+        yield BuildOptions(pip_index_url=url, lock=lock, **base)
+
+
+def build(recipe: Path, options, directory: Path, repository: str, text: str | None = None):
+    from imgfab.build import build_recipe
+
+    directory.mkdir(parents=True, exist_ok=True)
+    copy = bench_recipe(recipe, directory, repository, text)
+    return build_recipe(str(copy), options, context_dir=directory / "ctx")
+
+
+def one_layer(lock: Path, out: Path) -> Path:
+    """The same lock with its layer groups removed: imgfab-stage puts it all in one group."""
+    out.write_text("".join(line + "\n" for line in lock.read_text().splitlines()
+                           if not line.startswith("# layer ")))
+    return out
+
+
+def bench_install(payload: str, scratch: Path, results: dict) -> None:
+    with payload_options(payload, QWEN, scratch / "install-lock", salt=uuid.uuid4().hex) as options:
+        index = options.pip_index_url or "https://pypi.org/simple"
+        env = dict(os.environ, UV_LINK_MODE="copy", PIP_CONFIG_FILE=os.devnull,
+                   SSL_CERT_FILE=os.environ.get("IMGFAB_CA_CERT") or "/etc/ssl/certs/ca-certificates.crt")
+        from imgfab.lock import uv_binary
+
+        times = {}
+        for tool in ("uv", "pip"):
+            venv, cache = scratch / f"venv-{tool}", scratch / f"cache-{tool}"
+            subprocess.run([sys.executable if tool == "uv" else "python3", "-m", "venv", str(venv)], check=True)
+            common = ["--require-hashes", "--no-deps", "--index-url", index, "-r", str(options.lock)]
+            argv = ([uv_binary(), "pip", "install", "--python", str(venv / "bin" / "python"),
+                     "--cache-dir", str(cache), *common] if tool == "uv" else
+                    [str(venv / "bin" / "pip"), "install", "--isolated", "--cache-dir", str(cache), *common])
+            started = time.monotonic()
+            subprocess.run(argv, check=True, env=env, capture_output=True)
+            times[tool] = time.monotonic() - started
+            shutil.rmtree(venv)
+            shutil.rmtree(cache, ignore_errors=True)
+    results["install"] = (f"cold install uv {times['uv']:.1f} s, pip {times['pip']:.1f} s: "
+                          f"uv/pip {times['uv'] / times['pip']:.3f} (goal <= 0.4)")
+
+
+def bench_push(payload: str, scratch: Path, results: dict, run: str) -> None:
+    from imgfab import engine
+
+    with payload_options(payload, QWEN, scratch / "push-lock", salt=uuid.uuid4().hex) as options:
+        layered = build(QWEN, options, scratch / "push-layered", f"imgfab-bench/push-layered-{run}")
+        options.lock = one_layer(Path(options.lock), scratch / "one-layer.lock")
+        single = build(QWEN, options, scratch / "push-one", f"imgfab-bench/push-one-{run}")
+    tag = layered.tags[0].rsplit(":", 1)[1]
+    a = push_measured(layered.tags[0], f"imgfab-bench/push-layered-{run}", tag)
+    b = push_measured(single.tags[0], f"imgfab-bench/push-one-{run}", tag)
+    results["push"] = (f"push layered {a['seconds']:.1f} s ({len(a['layers'])} layers, {a['uploaded'] / 1e6:.1f} MB up), "
+                       f"one-layer {b['seconds']:.1f} s ({len(b['layers'])} layers, {b['uploaded'] / 1e6:.1f} MB up): "
+                       f"layered/one-layer {a['seconds'] / b['seconds']:.3f} (goal <= 0.5)")
+    for ref in single.tags:
+        engine.remove_image(ref, force=True)
+
+
+def bench_fleet(payload: str, scratch: Path, results: dict, run: str, only: set[str], bump_vllm: str) -> None:
+    """registry, serving, bump and largest share the first image."""
+    qwen_repo, llama_repo = f"imgfab-bench/qwen2-{payload}-{run}", f"imgfab-bench/llama31-{payload}-{run}"
+    salt = uuid.uuid4().hex  # one for the fleet: the bump's torch must be the first image's torch
+    with payload_options(payload, QWEN, scratch / "fleet-lock", salt=salt) as options:
+        first = build(QWEN, options, scratch / "qwen", qwen_repo)
+        tag = first.tags[0].rsplit(":", 1)[1]
+        pushed = push_measured(first.tags[0], qwen_repo, tag)
+        if "largest" in only:
+            sizes = [int(s) for s in docker("history", "--no-trunc", "--format", "{{.Size}}", "--human=false",
+                                             first.tags[0]).split()]
+            results["largest"] = (f"largest layer {max(sizes) / 1e9:.2f} GB uncompressed, "
+                                  f"{max(s for _, s in pushed['layers']) / 1e9:.2f} GB compressed; "
+                                  f"image {first.size_bytes / 1e9:.2f} GB on disk, {pushed['size'] / 1e9:.2f} GB "
+                                  f"compressed, {len(pushed['layers'])} layers (goal <= 2 GB)")
+        if "registry" in only:
+            other = build(LLAMA, options, scratch / "llama", llama_repo)
+            second = push_measured(other.tags[0], llama_repo, other.tags[0].rsplit(":", 1)[1])
+            unique = dict(pushed["layers"]) | dict(second["layers"])
+            total = pushed["size"] + second["size"]
+            results["registry"] = (f"registry bytes for qwen2-7b-h100 + llama31-8b-l4 {sum(unique.values()) / 1e9:.3f} GB, "
+                                   f"sum of image sizes {total / 1e9:.3f} GB: ratio {sum(unique.values()) / total:.3f} "
+                                   f"(goal <= 0.6)")
+        if "serving" in only:
+            text = QWEN.read_text().replace("port: 8000", "port: 8011")
+            changed = build(QWEN, options, scratch / "qwen-serving", qwen_repo, text=text)
+            again = push_measured(changed.tags[0], qwen_repo, tag)
+            results["serving"] = (f"re-push after a serving change uploaded {again['uploaded'] / 1e3:.1f} KB of "
+                                  f"{again['size'] / 1e9:.3f} GB: ratio {again['uploaded'] / again['size']:.5f} (goal <= 0.01)")
+    if "bump" in only:
+        with payload_options(payload, QWEN, scratch / "bump-lock", salt=salt,
+                             pins={"vllm": bump_vllm}) as options:
+            bumped = build(QWEN, options, scratch / "qwen-bump", qwen_repo)
+            again = push_measured(bumped.tags[0], qwen_repo, f"{tag}-bump")
+        results["bump"] = (f"re-push after vllm {bump_vllm} -> 0.19.1's lock uploaded {again['uploaded'] / 1e6:.1f} MB of "
+                           f"{again['size'] / 1e9:.3f} GB: ratio {again['uploaded'] / again['size']:.4f} (goal <= 0.15)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--payload", choices=("light", "real"), default="light")
+    parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    parser.add_argument("--bump-vllm", default="0.19.0", help="the other vLLM patch release for 'bump'")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    unknown = only - set(ALL)
+    if unknown:
+        parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    run = uuid.uuid4().hex[:8]
+    results: dict[str, str] = {}
+    print(f"payload {args.payload}, run {run}" + (f" (locked for the stand-in bases' Python {STAND_IN_PYTHON[0]}, "
+                                                  f"{STAND_IN_PYTHON[1]})" if args.payload == "real" else ""), flush=True)
+    with tempfile.TemporaryDirectory(prefix="imgfab-bench-") as scratch:
+        if "install" in only:
+            bench_install(args.payload, Path(scratch), results)
+            print(results["install"], flush=True)
+        if "push" in only:
+            bench_push(args.payload, Path(scratch), results, run)
+            print(results["push"], flush=True)
+        if only & {"registry", "serving", "bump", "largest"}:
+            bench_fleet(args.payload, Path(scratch), results, run, only, args.bump_vllm)
+    print("--")
+    for key in ALL:
+        if key in results:
+            print(results[key])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Split an installed venv into one staging tree per layer group of a lock (stdlib only).
+
+Runs inside the builder stage (copied into the build context as ``imgfab-stage.py``)::
+
+    python3 imgfab-stage.py LOCK VENV STAGING
+
+1. deletes what serving never reads (:func:`is_cut`: static ``.a`` libraries, ``__pycache__``);
+2. moves each distribution's files (its installed ``RECORD``) to ``STAGING/<group>/VENV/...``
+   for the group the lock's ``# layer <group>: <names>`` header line puts it in; what no
+   RECORD names (the venv's own files) goes to the group ``venv``;
+3. compiles each group's Python files to bytecode next to them (``unchecked-hash`` pycs: no
+   source mtime inside, never re-validated, so they survive the mtime normalisation and stay
+   byte-identical; measured: ``import vllm`` 8.9 s without bytecode, 2.4–2.7 s with it, for
+   0.34 GB, bench/README.md);
+4. normalises every staged entry: owner 0:0, mtime :data:`EPOCH`, so two builds of one lock
+   give byte-identical layers.
+
+The same rules decide the cuts the lock header measures (:mod:`imgfab.lock` imports
+:func:`is_cut`). Exit status 2 with one line when a locked distribution is not installed.
+"""
+
+from __future__ import annotations
+
+import compileall
+import csv
+import os
+import py_compile
+import re
+import shutil
+import sys
+from pathlib import Path
+
+EPOCH = 0  # SOURCE_DATE_EPOCH for the payload layers: 1970-01-01T00:00:00Z
+BASE_GROUP = "venv"
+_LAYER_LINE = re.compile(r"^# layer ([a-z0-9-]+) \([^)]*\): (.*)$")
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: ``Nvidia_CUBLAS.cu12`` → ``nvidia-cublas-cu12``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def cut_kind(path: str) -> str | None:
+    """The size cut a RECORD path falls under, or None to keep it.
+
+    ``static``: ``*.a`` static libraries (linking happens at build time, never in serving);
+    ``cache``: ``__pycache__`` entries shipped in a wheel (the interpreter rewrites them).
+    """
+    if path.endswith(".a"):
+        return "static"
+    if "/__pycache__/" in f"/{path}":
+        return "cache"
+    return None
+
+
+def is_cut(path: str) -> bool:
+    return cut_kind(path) is not None
+
+
+def layer_groups(lock_text: str) -> dict[str, str]:
+    """``{distribution name: group}`` from a lock's ``# layer`` header lines."""
+    groups = {}
+    for line in lock_text.splitlines():
+        match = _LAYER_LINE.match(line)
+        if match:
+            for name in match.group(2).split():
+                groups[normalize(name)] = match.group(1)
+    return groups
+
+
+def _site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if len(found) != 1:
+        raise SystemExit(f"imgfab-stage: {venv}: expected one lib/python3*/site-packages, found {len(found)}")
+    return found[0]
+
+
+def _records(site: Path) -> dict[str, list[Path]]:
+    """Installed distribution name → its files (absolute), from each dist-info RECORD."""
+    files: dict[str, list[Path]] = {}
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        name = normalize(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+        _canonical_record(record)
+        with record.open(newline="", encoding="utf-8") as handle:
+            paths = [Path(os.path.normpath(site / row[0])) for row in csv.reader(handle) if row]
+        # Plus what the dist-info holds beyond its RECORD, file by file (never the directory
+        # whole: its entries would keep the installer's order).
+        extra = [f for f in sorted(record.parent.rglob("*")) if f.is_symlink() or not f.is_dir()]
+        files[name] = paths + extra
+    return files
+
+
+def _canonical_record(record: Path) -> None:
+    """Make an installed RECORD byte-identical across installs: uv's ``uv_cache.json`` (the
+    time the wheel entered uv's cache) and its line go, and the lines are sorted (an installer
+    extracting in parallel may write them in any order)."""
+    cache = record.parent / "uv_cache.json"
+    if cache.exists():
+        cache.unlink()
+    lines = [line for line in record.read_text(encoding="utf-8").splitlines()
+             if line and not line.startswith(f"{record.parent.name}/uv_cache.json,")]
+    record.write_text("".join(f"{line}\n" for line in sorted(lines)), encoding="utf-8")
+
+
+def _move(path: Path, staging: Path) -> None:
+    """Move ``path`` (a file, link or directory) to the same absolute path under ``staging``,
+    merging into directories already there."""
+    target = staging / path.relative_to("/")
+    if path.is_dir() and not path.is_symlink() and target.is_dir():
+        for child in sorted(path.iterdir()):
+            _move(child, staging)
+        path.rmdir()
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(path, target)
+    except OSError:  # EXDEV: a directory of a lower overlay layer (the engine path's payload stage)
+        shutil.move(str(path), str(target))
+
+
+def _compile(tree: Path) -> None:
+    """Bytecode for every ``.py`` under ``tree``, as the interpreter will find it at its final
+    path (``tree`` stripped from the recorded file names)."""
+    compileall.compile_dir(str(tree), quiet=2, stripdir=str(tree), prependdir="/", workers=0,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+
+
+def _normalise(tree: Path) -> None:
+    for root, dirs, files in os.walk(tree, topdown=False):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            os.lchown(path, 0, 0)
+            os.utime(path, (EPOCH, EPOCH), follow_symlinks=False)
+    os.lchown(tree, 0, 0)
+    os.utime(tree, (EPOCH, EPOCH))
+
+
+def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
+    """Cut, split and normalise; returns ``{group: files moved}``."""
+    groups = layer_groups(lock.read_text(encoding="utf-8"))
+    site = _site_packages(venv)
+    installed = _records(site)
+    missing = sorted(set(groups) - set(installed))
+    if missing:
+        print(f"imgfab-stage: locked but not installed: {' '.join(missing)}", file=sys.stderr)
+        raise SystemExit(2)
+    for root, dirs, files in os.walk(venv):
+        for name in files:
+            path = os.path.join(root, name)
+            if is_cut(os.path.relpath(path, site)) and not os.path.islink(path):
+                os.unlink(path)
+        if "__pycache__" in dirs:
+            shutil.rmtree(os.path.join(root, "__pycache__"))
+            dirs.remove("__pycache__")
+    # Moved in one sorted order, so every staging tree is created in the same order on every
+    # build (a layer's tar lists entries in the order the engine walks them).
+    counts: dict[str, int] = {}
+    moves = sorted((str(path), groups.get(name, BASE_GROUP))
+                   for name, paths in installed.items() for path in paths)
+    for path, group in moves:
+        if os.path.lexists(path):
+            _move(Path(path), staging / group)
+            counts[group] = counts.get(group, 0) + 1
+    # Directories the distributions emptied go; what is left (the interpreter links,
+    # pyvenv.cfg, activate scripts) is the base group.
+    for root, dirs, _files in os.walk(venv, topdown=False):
+        for name in dirs:
+            full = Path(root) / name
+            if not full.is_symlink() and not any(full.iterdir()):
+                full.rmdir()
+    for entry in sorted(venv.iterdir()):
+        _move(entry, staging / BASE_GROUP)
+        counts[BASE_GROUP] = counts.get(BASE_GROUP, 0) + 1
+    for group in sorted(set(groups.values()) | {BASE_GROUP}):
+        (staging / group / venv.relative_to("/")).mkdir(parents=True, exist_ok=True)
+        _compile(staging / group)
+        _normalise(staging / group)
+    return counts
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: imgfab-stage LOCK VENV STAGING", file=sys.stderr)
+        return 2
+    counts = stage(Path(argv[0]), Path(argv[1]), Path(argv[2]))
+    for group, count in sorted(counts.items()):
+        print(f"imgfab-stage: {group}: {count} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

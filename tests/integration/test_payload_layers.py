@@ -1,0 +1,138 @@
+"""The payload's layers, built for real with the light payload: reproducible and shared.
+
+The vLLM recipe is locked against a fake index on 127.0.0.1 (tests/fixtures/fake_payload.py:
+fake wheels for its pins, the real uv wheel). Then:
+
+- two builds of that lock, both with ``--no-cache`` (every step runs again: a new venv, new
+  files, new mtimes before imgfab-stage normalises them) give the same payload layer digests.
+  (Without --no-cache, BuildKit may reuse an older COPY result whose content checksum matches:
+  its cache key ignores mtimes and entry order, so it would not test the normalisation.) uv's download cache is a BuildKit cache mount and is kept; it holds the wheels the
+  lock's hashes pin, so it cannot change what is installed;
+- a second recipe locking the same packages (llama31-8b-l4: another GPU, model and serving
+  settings) gets the very same payload layers, so a registry stores them once;
+- the runtime has one payload layer per ``# layer`` group of the lock, in that order.
+
+    source .stack/env && python -m pytest -m integration tests/integration/test_payload_layers.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+VLLM = REPO / "recipes" / "qwen2-7b-h100.yaml"
+SAME_STACK = REPO / "recipes" / "llama31-8b-l4.yaml"
+DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
+MIRROR = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
+
+if not os.environ.get("DOCKER_HOST"):
+    if os.environ.get("CI") == "true":
+        pytest.fail("DOCKER_HOST is unset under CI=true: the integration stack is missing",
+                    pytrace=False)
+    pytest.skip("DOCKER_HOST unset: source .stack/env to run the integration tests",
+                allow_module_level=True)
+
+
+def _recipe_copy(recipe: Path, directory: Path, repository: str) -> Path:
+    """The recipe under a test repository (never an example recipe's own tag)."""
+    text = recipe.read_text()
+    own = next(line.split(":", 1)[1].strip() for line in text.splitlines()
+               if line.strip().startswith("repository:"))
+    copy = directory / recipe.name
+    copy.write_text(text.replace(f"repository: {own}", f"repository: {repository}"))
+    return copy
+
+
+def _build(recipe: Path, url: str, lock: Path, out: Path, *extra: str) -> dict:
+    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    result = subprocess.run(
+        [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url", url,
+         "--lock", str(lock), "--network", "host", "--mirror", MIRROR, "--output", str(out), *extra],
+        capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def payload_layers(built: dict, groups: list[str]) -> dict[str, str]:
+    """``{group: diff id}``: the runtime's payload COPYs follow its base and its OS layer."""
+    from imgfab import registry
+
+    ref = built["tags"][0]
+    layers = json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True,
+                                       text=True, check=True).stdout)[0]["RootFS"]["Layers"]
+    base = built["base_images"]["RUNTIME_IMAGE"]
+    config = registry.image_config(base, registry.Credentials.load(registry.ImageRef.parse(base).host))
+    base_layers = config["rootfs"]["diff_ids"]
+    assert layers[:len(base_layers)] == base_layers
+    first = len(base_layers) + 1
+    return dict(zip(groups, layers[first:first + len(groups)]))
+
+
+def _history(ref: str) -> str:
+    return subprocess.run([DOCKER, "history", "--no-trunc", "--format", "{{.CreatedBy}}", ref],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    from fake_payload import locked_index
+    from imgfab.lock import Lock
+
+    root = tmp_path_factory.mktemp("layers")
+    refs = []
+    with locked_index(VLLM, root) as (url, lock):
+        first = _build(_recipe_copy(VLLM, root, "imgfab-test/layers-a"), url, lock, root / "ctx-a",
+                       "--no-cache")
+        refs += first["tags"]
+        again_dir = root / "again"
+        again_dir.mkdir()
+        second = _build(_recipe_copy(VLLM, again_dir, "imgfab-test/layers-b"), url, lock,
+                        root / "ctx-b", "--no-cache")
+        refs += second["tags"]
+        other = _build(_recipe_copy(SAME_STACK, root, "imgfab-test/layers-c"), url, lock, root / "ctx-c")
+        refs += other["tags"]
+        yield {"lock": Lock.parse(lock.read_text()), "first": first, "second": second,
+               "other": other}
+    for ref in refs:
+        subprocess.run([DOCKER, "image", "rm", "-f", ref], capture_output=True)
+
+
+def test_one_layer_per_lock_group_in_order(builds):
+    groups = builds["lock"].layers()
+    assert groups[0] == "venv" and len(groups) >= 3, groups  # venv, torch-1, vllm-1 at least
+    copies = [line.split("/opt/imgfab/layers/", 1)[1].split("/", 1)[0]
+              for line in _history(builds["first"]["tags"][0]).splitlines()[::-1]
+              if "/opt/imgfab/layers/" in line]
+    assert copies == groups
+    layers = payload_layers(builds["first"], groups)
+    assert len(set(layers.values())) == len(groups), "each group is a layer of its own"
+
+
+def test_two_builds_of_one_lock_give_the_same_payload_layers(builds):
+    groups = builds["lock"].layers()
+    # --no-cache: at most the stage bases count as cached; the install and the COPYs ran again.
+    assert builds["first"]["cached_steps"] <= 1 and builds["second"]["cached_steps"] <= 1
+    assert payload_layers(builds["first"], groups) == payload_layers(builds["second"], groups)
+
+
+def test_recipes_locking_the_same_packages_share_payload_layers(builds):
+    groups = builds["lock"].layers()
+    assert payload_layers(builds["first"], groups) == payload_layers(builds["other"], groups)
+
+
+def test_payload_layers_are_root_owned_at_the_epoch(builds):
+    ref = builds["first"]["tags"][0]
+    out = subprocess.run([DOCKER, "run", "--rm", "--entrypoint", "sh", ref, "-c",
+                          "find /opt/venv -newermt @1 -print | head -5; "
+                          "find /opt/venv ! -user 0 -print | head -5"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "", f"payload files not normalised:\n{out}"
