@@ -38,15 +38,14 @@ BUILDX = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docke
 def fleet_pins(recipes: list[Path]) -> dict[str, set[str]]:
     from imgfab.compat import load_matrix
     from imgfab.recipe import load_recipe
-    from imgfab.render import render_context
+    from imgfab.render import requirement_pins
     from imgfab.resolve import resolve
 
     matrix = load_matrix()
     pins: dict[str, set[str]] = {}
     for path in recipes:
         recipe = load_recipe(path)
-        files = render_context(recipe, resolve(recipe, matrix).stack, matrix)
-        for line in files["requirements.txt"].splitlines():
+        for line in requirement_pins(resolve(recipe, matrix).stack):
             match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
             if match:
                 pins.setdefault(match.group(1).lower(), set()).add(match.group(2))
@@ -65,6 +64,17 @@ def bench_copies(recipes: list[Path], directory: Path, label: str) -> list[Path]
     return copies
 
 
+def lock_fleet(recipes: list[Path], index: str, locks: Path) -> None:
+    """Each recipe locked against the fake index (hashes of the fake wheels) into locks/<name>.lock."""
+    from imgfab.lock import lock_recipe
+    from imgfab.recipe import load_recipe
+
+    locks.mkdir(exist_ok=True)
+    for recipe in recipes:
+        lock_recipe(str(recipe), index_url=index, output=locks / f"{load_recipe(recipe).name}.lock",
+                    upgrade=True)
+
+
 def sequential(recipes: list[Path], index: str, work: Path) -> tuple[float, float, list[str]]:
     env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
     tags, build_seconds = [], 0.0
@@ -73,7 +83,8 @@ def sequential(recipes: list[Path], index: str, work: Path) -> tuple[float, floa
         engine = "engine" in recipe.stem
         result = subprocess.run(
             [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--no-cache",
-             "--pip-index-url", index, "--network", "host", "--mirror", MIRROR,
+             "--pip-index-url", index, "--lock", str(work / "seq-locks" / f"{recipe.stem}.lock"),
+             "--network", "host", "--mirror", MIRROR,
              "--output", str(work / f"seq-{recipe.stem}"), *(["--engine-at-start"] if engine else [])],
             capture_output=True, text=True, env=env)
         if result.returncode != 0:
@@ -86,8 +97,8 @@ def sequential(recipes: list[Path], index: str, work: Path) -> tuple[float, floa
 
 def bake(recipes: list[Path], index: str, gateway: str, work: Path) -> tuple[float, list[str]]:
     subprocess.run([sys.executable, "-m", "imgfab.cli", "bake", *map(str, recipes), "-o",
-                    "bake/docker-bake.json", "--mirror", MIRROR, "--registry", "imgfab-bench/bake"],
-                   check=True, cwd=work, capture_output=True)
+                    "bake/docker-bake.json", "--mirror", MIRROR, "--registry", "imgfab-bench/bake",
+                    "--lock-dir", str(work / "bake-locks")], check=True, cwd=work, capture_output=True)
     definition = json.loads((work / "bake" / "docker-bake.json").read_text())
     env = dict(os.environ, IMGFAB_PIP_CONF=f"[global]\nindex-url = {index}\ntrusted-host = {gateway}\n"
                                            "timeout = 5\nretries = 0\n")
@@ -104,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
-    from fake_payload import serve_index
+    from fake_payload import installer_wheel, serve_index
 
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     gateway = subprocess.run([DOCKER, "network", "inspect", "bridge", "--format",
@@ -114,8 +125,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         work = Path(root)
         copies = bench_copies(recipes, work, "seq")
-        with serve_index(pins, work / "index") as index, \
-                serve_index(pins, work / "bridge-index", host=gateway) as bridge:
+        uv = (installer_wheel(),)
+        with serve_index(pins, work / "index", uv) as index, \
+                serve_index(pins, work / "bridge-index", uv, host=gateway) as bridge:
+            lock_fleet(copies, index, work / "seq-locks")
+            lock_fleet(recipes, bridge, work / "bake-locks")
             for run in range(1, args.runs + 1):
                 seq_s, seq_build_s, seq_tags = sequential(copies, index, work)
                 bake_s, bake_tags = bake(recipes, bridge, gateway, work)

@@ -48,14 +48,15 @@ def mirrored(ref: str, mirror: str | None) -> str:
 
 
 def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
-                    registry: str | None = None,
-                    compat_dir: Path | None = None) -> dict[str, Any]:
+                    registry: str | None = None, compat_dir: Path | None = None,
+                    lock_dir: Path | None = None) -> dict[str, Any]:
     """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict).
 
     Raises :class:`RecipeError` / :class:`CompatibilityError` as ``imgfab render`` does, and
     :class:`RecipeError` when two recipes map to the same target name.
     """
     from imgfab.compat import load_matrix  # noqa: PLC0415
+    from imgfab.lock import load_for_build  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
     from imgfab.render import image_tag, render_context, write_context  # noqa: PLC0415
     from imgfab.resolve import resolve  # noqa: PLC0415
@@ -67,8 +68,12 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
         recipe = load_recipe(path)
         stack = resolve(recipe, matrix, None).stack
         strategy = "at-start" if stack.backend_path == "engine" else "two-phase"
-        context = write_context(render_context(recipe, stack, matrix, engine_strategy=strategy),
-                                out_dir / recipe.name)
+        # The payload the builder installs, as `imgfab build` would: the committed fresh lock,
+        # or <lock_dir>/<name>.lock as given (locks resolved against a mirror or a test index).
+        lock = load_for_build(path, recipe, stack, lock_dir / f"{recipe.name}.lock" if lock_dir else None,
+                              compat_dir)
+        context = write_context(render_context(recipe, stack, matrix, engine_strategy=strategy,
+                                               lock=lock), out_dir / recipe.name)
         name = target_name(recipe.name)
         if name in targets:
             raise RecipeError(f"{path} and {sources[name]} both become bake target {name}",
@@ -90,7 +95,8 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
 
 
 def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
-               registry: str | None = None, compat_dir: Path | None = None) -> Path:
+               registry: str | None = None, compat_dir: Path | None = None,
+               lock_dir: Path | None = None) -> Path:
     """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
 
     ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
@@ -98,7 +104,7 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
     """
     path = Path(path)
     definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
-                                 compat_dir=compat_dir)
+                                 compat_dir=compat_dir, lock_dir=lock_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
     staging.write_text(json.dumps(definition, indent=2, sort_keys=True) + "\n", encoding="utf-8")

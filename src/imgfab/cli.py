@@ -487,15 +487,18 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
               help="Registry prefix for base images (default: $IMGFAB_MIRROR).")
 @click.option("--registry", "registry_host", default=lambda: os.environ.get("IMGFAB_REGISTRY"),
               help="Registry the tags point at (default: $IMGFAB_REGISTRY).")
+@click.option("--lock-dir", type=click.Path(file_okay=False, exists=True),
+              help="Take each recipe's lock as DIR/<name>.lock (default: its committed, fresh lock).")
 @compat_option
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
-         compat_dir: str | None) -> None:
+         lock_dir: str | None, compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
     from imgfab.bake import write_bake
 
     written = write_bake(list(recipes), Path(output), mirror=mirror or None,
                          registry=registry_host or None,
-                         compat_dir=Path(compat_dir) if compat_dir else None)
+                         compat_dir=Path(compat_dir) if compat_dir else None,
+                         lock_dir=Path(lock_dir) if lock_dir else None)
     click.echo(f"wrote {written}")
 
 

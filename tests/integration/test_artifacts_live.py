@@ -50,7 +50,7 @@ def _pins(recipes: list[Path]) -> dict[str, set[str]]:
     """Every pin the recipes' rendered requirements name (one fake index serves the fleet)."""
     from imgfab.compat import load_matrix
     from imgfab.recipe import load_recipe
-    from imgfab.render import render_context
+    from imgfab.render import requirement_pins
     from imgfab.resolve import resolve
     import re
 
@@ -58,8 +58,7 @@ def _pins(recipes: list[Path]) -> dict[str, set[str]]:
     pins: dict[str, set[str]] = {}
     for path in recipes:
         recipe = load_recipe(path)
-        files = render_context(recipe, resolve(recipe, matrix).stack, matrix)
-        for line in files["requirements.txt"].splitlines():
+        for line in requirement_pins(resolve(recipe, matrix).stack):
             match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
             if match:
                 pins.setdefault(match.group(1).lower(), set()).add(match.group(2))
@@ -75,31 +74,23 @@ def _copy_recipe(recipe: Path, directory: Path, repository: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    """One fake index for the fleet on 127.0.0.1 (`imgfab build --network host`)."""
-    from fake_payload import serve_index
-
-    with serve_index(_pins(RECIPES), tmp_path_factory.mktemp("index")) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def bridge_index(tmp_path_factory):
     """The same index on the engine's bridge gateway: bake's build steps run on the default
     network, where the build host's loopback is not the host's."""
-    from fake_payload import serve_index
+    from fake_payload import installer_wheel, serve_index
 
     gateway = _docker("network", "inspect", "bridge", "--format",
                       "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
-    with serve_index(_pins(RECIPES), tmp_path_factory.mktemp("bridge-index"), host=gateway) as url:
+    with serve_index(_pins(RECIPES), tmp_path_factory.mktemp("bridge-index"), (installer_wheel(),),
+                     host=gateway) as url:
         yield url, gateway
 
 
-def _build(recipe: Path, out: Path, index_url: str) -> dict:
+def _build(recipe: Path, out: Path, index_url: str, lock: Path) -> dict:
     env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
-         index_url, "--network", "host", "--mirror", MIRROR, "--output", str(out)],
+         index_url, "--lock", str(lock), "--network", "host", "--mirror", MIRROR, "--output", str(out)],
         capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
@@ -115,14 +106,16 @@ def _weights(directory: Path, name: str) -> Path:
 
 
 @pytest.mark.parametrize("recipe_name", ["qwen2-7b-h100", "mistral-7b-a100-trtllm"])
-def test_compose_up_serves_and_smokes(recipe_name, index, tmp_path):
+def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
+    from fake_payload import locked_index
     from imgfab.recipe import load_recipe
     from imgfab.smoke import free_port, run_smoke
 
     recipe_path = _copy_recipe(REPO / "recipes" / f"{recipe_name}.yaml", tmp_path,
                                f"imgfab-test/compose-{recipe_name}")
     recipe = load_recipe(recipe_path)
-    built = _build(recipe_path, tmp_path / "ctx", index)
+    with locked_index(recipe_path, tmp_path) as (index, lock):
+        built = _build(recipe_path, tmp_path / "ctx", index, lock)
     assert built["verify"]["passed"], built["verify"]
     # The weights directory is named like the mount, as the server sees it.
     weights = _weights(tmp_path / "host", recipe.model.mount_path.rsplit("/", 1)[1])
@@ -168,17 +161,25 @@ def test_compose_up_serves_and_smokes(recipe_name, index, tmp_path):
 
 @pytest.mark.engine_crash_risk
 def test_buildx_bake_builds_the_example_fleet(bridge_index, tmp_path):
+    from imgfab.lock import lock_recipe
+
     buildx = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docker-buildx"))
     assert Path(buildx).exists(), "docker-buildx missing: scripts/local-stack.sh up installs it"
+    index, gateway = bridge_index
+    # Every recipe locked against the fake index (the TensorRT-LLM ones cannot be locked
+    # against the real indexes from here): bake takes them from --lock-dir.
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    for recipe in RECIPES:
+        lock_recipe(str(recipe), index_url=index, output=locks / f"{recipe.stem}.lock", upgrade=True)
     prefix = f"imgfab-test/bake-{uuid.uuid4().hex[:6]}"
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "bake", *map(str, RECIPES), "-o",
-         "out/docker-bake.json", "--mirror", MIRROR, "--registry", prefix],
+         "out/docker-bake.json", "--mirror", MIRROR, "--registry", prefix, "--lock-dir", str(locks)],
         capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     definition = json.loads((tmp_path / "out" / "docker-bake.json").read_text())
     assert len(definition["target"]) == len(RECIPES)
-    index, gateway = bridge_index
     pip_conf = f"[global]\nindex-url = {index}\ntrusted-host = {gateway}\ntimeout = 5\nretries = 0\n"
     env = dict(os.environ, IMGFAB_PIP_CONF=pip_conf)
     baked = subprocess.run([buildx, "bake", "-f", "out/docker-bake.json", "--progress", "plain"],
