@@ -268,7 +268,12 @@ def test_verify_rejects_root_and_git(tmp_path):
     from imgfab.errors import ValidationFailed
     from imgfab.verify import VerifyPolicy, verify_image
 
-    stand_in = f"{MIRROR}/nvidia/cuda:12.8.1-base-ubuntu24.04"
+    from imgfab.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.resolve import resolve
+
+    # A base the local stack mirrors: the vLLM example's own runtime base (no fixed tag).
+    stand_in = f"{MIRROR}/{resolve(load_recipe(VLLM), load_matrix()).stack.runtime_image}"
     (tmp_path / "Dockerfile").write_text(
         f"FROM {stand_in}\n"
         "RUN apt-get update && apt-get install -y --no-install-recommends git "
