@@ -35,23 +35,6 @@ MIRROR = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
 BUILDX = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docker-buildx"))
 
 
-def fleet_pins(recipes: list[Path]) -> dict[str, set[str]]:
-    from imgfab.compat import load_matrix
-    from imgfab.recipe import load_recipe
-    from imgfab.render import requirement_pins
-    from imgfab.resolve import resolve
-
-    matrix = load_matrix()
-    pins: dict[str, set[str]] = {}
-    for path in recipes:
-        recipe = load_recipe(path)
-        for line in requirement_pins(resolve(recipe, matrix).stack):
-            match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
-            if match:
-                pins.setdefault(match.group(1).lower(), set()).add(match.group(2))
-    return pins
-
-
 def bench_copies(recipes: list[Path], directory: Path, label: str) -> list[Path]:
     """Copies of the recipes whose images go to imgfab-bench/<label>-<name>."""
     copies = []
@@ -115,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
-    from fake_payload import installer_wheel, serve_index
+    from fake_payload import fleet_pins, installer_wheel, serve_index
 
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     gateway = subprocess.run([DOCKER, "network", "inspect", "bridge", "--format",

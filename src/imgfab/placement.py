@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from imgfab.rules import compare_versions, parse_version
+from imgfab.rules import parse_version
 
 CC_MAJOR = "nvidia.com/gpu.compute.major"
 CC_MINOR = "nvidia.com/gpu.compute.minor"
@@ -66,7 +66,3 @@ def node_affinity_terms(labels: dict[str, str], matrix: Any) -> list[list[dict[s
             terms.append(gpu + driver)
     return terms
 
-
-def driver_passes(floor: str, driver: str) -> bool:
-    """What :func:`driver_floor_terms` encodes, for tests: ``driver`` ≥ ``floor``."""
-    return compare_versions(driver, floor) >= 0

@@ -82,9 +82,7 @@ def shell_words(argv: list[str]) -> str:
     for arg in argv:
         if not isinstance(arg, str):
             raise TypeError(f"the 'sh' filter takes str arguments, got {type(arg).__name__}: {arg!r:.60}")
-        if any(ch in arg for ch in "\n\r\x00"):
-            raise RecipeError("a value contains a newline", field="recipe")
-        words.append(shlex.quote(arg))
+        words.append(shlex.quote(_no_newline(arg)))
     return " ".join(words)
 
 

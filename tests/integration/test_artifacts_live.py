@@ -46,25 +46,6 @@ def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([DOCKER, *args], capture_output=True, text=True, check=check)
 
 
-def _pins(recipes: list[Path]) -> dict[str, set[str]]:
-    """Every pin the recipes' rendered requirements name (one fake index serves the fleet)."""
-    from imgfab.compat import load_matrix
-    from imgfab.recipe import load_recipe
-    from imgfab.render import requirement_pins
-    from imgfab.resolve import resolve
-    import re
-
-    matrix = load_matrix()
-    pins: dict[str, set[str]] = {}
-    for path in recipes:
-        recipe = load_recipe(path)
-        for line in requirement_pins(resolve(recipe, matrix).stack):
-            match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
-            if match:
-                pins.setdefault(match.group(1).lower(), set()).add(match.group(2))
-    return pins
-
-
 def _copy_recipe(recipe: Path, directory: Path, repository: str) -> Path:
     data = yaml.safe_load(recipe.read_text())
     data["image"]["repository"] = repository
@@ -77,11 +58,11 @@ def _copy_recipe(recipe: Path, directory: Path, repository: str) -> Path:
 def bridge_index(tmp_path_factory):
     """The same index on the engine's bridge gateway: bake's build steps run on the default
     network, where the build host's loopback is not the host's."""
-    from fake_payload import installer_wheel, serve_index
+    from fake_payload import fleet_pins, installer_wheel, serve_index
 
     gateway = _docker("network", "inspect", "bridge", "--format",
                       "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
-    with serve_index(_pins(RECIPES), tmp_path_factory.mktemp("bridge-index"), (installer_wheel(),),
+    with serve_index(fleet_pins(RECIPES), tmp_path_factory.mktemp("bridge-index"), (installer_wheel(),),
                      host=gateway) as url:
         yield url, gateway
 

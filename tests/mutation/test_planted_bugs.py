@@ -133,7 +133,7 @@ PLANTS = [
           "        msg = f\"{msg} (got {err.get('input')!r})\"\n    if False:", ("tests/test_recipe_hardening.py",)),
     # --- renderer filters and output -----------------------------------------------------
     Plant("render: shell_words newline guard off", "render.py",
-          "        if any(ch in arg for ch in \"\\n\\r\\x00\"):", "        if False:",
+          "        words.append(shlex.quote(_no_newline(arg)))", "        words.append(shlex.quote(arg))",
           ("tests/test_render_filters.py",)),
     Plant("render: dockerfile_value newline guard off", "render.py",
           "    if any(ch in text for ch in \"\\n\\r\\x00\"):", "    if False:", ("tests/test_render_filters.py",)),
