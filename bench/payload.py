@@ -9,15 +9,20 @@ Measurements (``--only`` picks some; all by default):
                (both ``--require-hashes --no-deps``, into fresh venvs of the host's python3, the
                interpreter the stand-in bases' lock targets; goal ≤ 0.4)
 - ``push``     push time of the image with the payload in content-grouped layers ÷ the same
-               payload in one layer (goal ≤ 0.5). Light payload only by default: each side must
-               upload blobs the registry has never seen, which the light payload gets from a
-               salt in its fake wheels
+               payload in one layer (goal ≤ 0.5). Each side must upload blobs the registry has
+               never seen: the light payload gets them from a salt in its fake wheels; for the
+               real payload, start from a registry without earlier bench pushes (the line says
+               NOT COMPARABLE when either side uploaded under 90 % of its size)
 - ``registry`` registry bytes for the two example vLLM recipes (same stack) ÷ the sum of their
                image sizes (compressed, from the manifests; goal ≤ 0.6)
 - ``serving``  bytes uploaded by the re-push after a serving change ÷ image size (goal ≤ 0.01)
 - ``bump``     bytes uploaded by the re-push after a vLLM patch bump on the same torch
                ÷ image size (goal ≤ 0.15); ``--bump-vllm`` names the release (light: fake)
 - ``largest``  the largest layer, uncompressed and compressed (goal ≤ 2 GB)
+- ``repro``    two cold builds of one lock (``--no-cache``, the whole BuildKit cache pruned
+               between them, so uv's cache mount starts empty too): the same installed
+               distributions and the same payload layer digests (issue 9's reproducibility
+               record; the integration test covers the light payload on every run)
 
 Images go to ``imgfab-bench/*`` repositories (never an example recipe's), each run under a
 fresh repository name so "bytes uploaded" counts what this run uploads.
@@ -37,11 +42,11 @@ import time
 import uuid
 from pathlib import Path
 
-from _payload import REPO, STAND_IN_PYTHON, bench_recipe, docker, stand_in_lock
+from _payload import REPO, STAND_IN_PYTHON, bench_recipe, docker, prune_build_cache, stand_in_lock
 
 QWEN = REPO / "recipes" / "qwen2-7b-h100.yaml"
 LLAMA = REPO / "recipes" / "llama31-8b-l4.yaml"
-ALL = ("install", "push", "registry", "serving", "bump", "largest")
+ALL = ("install", "push", "registry", "serving", "bump", "largest", "repro")
 
 
 def _registry():
@@ -91,12 +96,20 @@ def payload_options(payload: str, recipe: Path, scratch: Path, *, salt: str = ""
         yield BuildOptions(pip_index_url=url, lock=lock, **base)
 
 
+PRUNE_AFTER_BUILD = False  # --payload real: each builder stage holds ~11 GB of venv in the cache
+
+
 def build(recipe: Path, options, directory: Path, repository: str, text: str | None = None):
     from imgfab.build import build_recipe
 
     directory.mkdir(parents=True, exist_ok=True)
     copy = bench_recipe(recipe, directory, repository, text)
-    return build_recipe(str(copy), options, context_dir=directory / "ctx")
+    built = build_recipe(str(copy), options, context_dir=directory / "ctx")
+    if PRUNE_AFTER_BUILD:
+        # The image keeps its layers; the next build of the same lock runs every step again and,
+        # the layers being reproducible, gives the same ones (bytes uploaded are unaffected).
+        prune_build_cache()
+    return built
 
 
 def one_layer(lock: Path, out: Path) -> Path:
@@ -143,6 +156,8 @@ def bench_push(payload: str, scratch: Path, results: dict, run: str) -> None:
     results["push"] = (f"push layered {a['seconds']:.1f} s ({len(a['layers'])} layers, {a['uploaded'] / 1e6:.1f} MB up), "
                        f"one-layer {b['seconds']:.1f} s ({len(b['layers'])} layers, {b['uploaded'] / 1e6:.1f} MB up): "
                        f"layered/one-layer {a['seconds'] / b['seconds']:.3f} (goal <= 0.5)")
+    if min(a["uploaded"] / a["size"], b["uploaded"] / b["size"]) < 0.9:
+        results["push"] += " [NOT COMPARABLE: the registry already held most of one side's blobs]"
     for ref in single.tags:
         engine.remove_image(ref, force=True)
 
@@ -185,6 +200,53 @@ def bench_fleet(payload: str, scratch: Path, results: dict, run: str, only: set[
                            f"{again['size'] / 1e9:.3f} GB: ratio {again['uploaded'] / again['size']:.4f} (goal <= 0.15)")
 
 
+def _payload_layers(built, groups: list[str]) -> dict[str, str]:
+    """``{group: diff id}``: the runtime's payload COPYs follow its base's layers and its OS
+    layer, one per lock group in order (as tests/integration/test_payload_layers.py reads them)."""
+    from imgfab import registry
+
+    layers = json.loads(docker("image", "inspect", built.tags[0]))[0]["RootFS"]["Layers"]
+    base = built.base_images["RUNTIME_IMAGE"]
+    base_layers = registry.image_config(base, registry.Credentials.load(registry.ImageRef.parse(base).host)
+                                        )["rootfs"]["diff_ids"]
+    assert layers[:len(base_layers)] == base_layers, "the image does not start with its base's layers"
+    first = len(base_layers) + 1
+    return dict(zip(groups, layers[first:first + len(groups)]))
+
+
+def _installed(ref: str) -> list[str]:
+    """The distributions in the image's venv, ``name==version``, from their dist-info names."""
+    out = docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
+                 "ls -d /opt/venv/lib/python3*/site-packages/*.dist-info")
+    return sorted(Path(line).name.removesuffix(".dist-info").replace("-", "==", 1) for line in out.split())
+
+
+def bench_repro(payload: str, scratch: Path, results: dict, run: str) -> None:
+    from imgfab import engine
+    from imgfab.lock import Lock
+
+    runs = []
+    with payload_options(payload, QWEN, scratch / "repro-lock", salt=uuid.uuid4().hex) as options:
+        options.no_cache = True
+        groups = Lock.parse(Path(options.lock).read_text()).layers()
+        for attempt in ("a", "b"):
+            prune_build_cache()  # cold: no step and no uv download cache survives
+            started = time.monotonic()
+            built = build(QWEN, options, scratch / f"repro-{attempt}", f"imgfab-bench/repro-{attempt}-{run}")
+            seconds = time.monotonic() - started
+            runs.append((built, seconds, _payload_layers(built, groups), _installed(built.tags[0])))
+    (a, sa, la, ia), (b, sb, lb, ib) = runs
+    same = [g for g in groups if la[g] == lb[g]]
+    results["repro"] = (f"two cold builds ({sa:.0f} s, {sb:.0f} s, build cache pruned before each): "
+                        f"{len(ia)} and {len(ib)} distributions, {'the same' if ia == ib else 'DIFFERENT'} set; "
+                        f"payload layers identical {len(same)}/{len(groups)}"
+                        + ("" if len(same) == len(groups) else
+                           f" (differ: {' '.join(g for g in groups if g not in same)})")
+                        + "; " + " ".join(f"{g}={la[g][7:19]}" for g in groups))
+    for ref in a.tags + b.tags:
+        engine.remove_image(ref, force=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--payload", choices=("light", "real"), default="light")
@@ -195,6 +257,8 @@ def main() -> int:
     unknown = only - set(ALL)
     if unknown:
         parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    global PRUNE_AFTER_BUILD
+    PRUNE_AFTER_BUILD = args.payload == "real"
     run = uuid.uuid4().hex[:8]
     results: dict[str, str] = {}
     print(f"payload {args.payload}, run {run}" + (f" (locked for the stand-in bases' Python {STAND_IN_PYTHON[0]}, "
@@ -206,6 +270,9 @@ def main() -> int:
         if "push" in only:
             bench_push(args.payload, Path(scratch), results, run)
             print(results["push"], flush=True)
+        if "repro" in only:
+            bench_repro(args.payload, Path(scratch), results, run)
+            print(results["repro"], flush=True)
         if only & {"registry", "serving", "bump", "largest"}:
             bench_fleet(args.payload, Path(scratch), results, run, only, args.bump_vllm)
     print("--")
