@@ -25,6 +25,9 @@ from imgfab.lock import IndexPin, Lock, LockedPackage, PayloadRequest
 
 from conftest import RECIPES, REPO
 
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_payload import fake_cubin  # noqa: E402
+
 
 def _pkg(name, version="1.0", files=None, requires=(), urls=None, installed=0):
     return LockedPackage(name=name, version=version, hashes=[f"sha256:{'a' * 64}"],
@@ -348,3 +351,125 @@ def test_stage_rules_match_the_lock_cut_rules():
     assert stage.cut_kind("triton/backends/nvidia/lib/libcudart.a") == "static"
     assert stage.cut_kind("numpy/__pycache__/x.pyc") == "cache"
     assert stage.cut_kind("torch/lib/libtorch_cuda.so") is None
+
+
+# ---------------------------------------------------------------- cubins for other GPUs
+
+
+@pytest.mark.parametrize("name, arch", [
+    ("cubins/x/fmha/fmhaSm100fKernel_QkvE4m3OBfloat16H128.cubin", (100, "f")),
+    ("cubins/gemm/Gemm_Bfloat16_t128x64_schedS_sm100f.cubin", (100, "f")),
+    ("a/fmhaSm103aKernel_Qkv.cubin", (103, "a")),
+    ("a/kernel_sm_90a.cubin", (90, "a")),
+    ("deep-gemm/kernel.fp8_m_grouped_gemm.007404769193.cubin", None),  # no arch in the name: kept
+    ("torch/lib/libsm100.so", None),
+])
+def test_cubin_arch_comes_from_the_last_sm_in_the_file_name(name, arch):
+    assert stage.cubin_arch(name) == arch
+
+
+@pytest.mark.parametrize("sm, suffix, capability, runs", [
+    (100, "f", "9.0", False), (100, "f", "10.0", True), (100, "f", "10.3", True),
+    (103, "a", "10.0", False), (100, "a", "10.3", False), (90, "a", "9.0", True),
+    (80, "", "8.9", True), (89, "", "8.0", False), (90, "", "12.0", False),
+])
+def test_a_cubin_runs_on_its_major_at_or_above_its_minor_and_a_builds_only_exactly(sm, suffix, capability, runs):
+    assert stage.runs_on(sm, suffix, capability) is runs
+
+
+@pytest.mark.parametrize("sm", [80, 89, 90, 100, 103, 120])
+def test_the_sm_is_read_from_both_elf_layouts(sm):
+    assert stage.elf_sm(fake_cubin(sm)) == sm
+    assert stage.elf_sm(fake_cubin(sm, arch_specific=True)) == sm
+
+
+def test_a_file_that_is_not_a_cuda_elf_has_no_sm():
+    x86 = bytearray(fake_cubin(90))
+    x86[18:20] = (62).to_bytes(2, "little")  # EM_X86_64
+    assert stage.elf_sm(bytes(x86)) is None and stage.elf_sm(b"not an elf" * 10) is None
+
+
+def test_the_arch_cut_keeps_what_the_served_gpu_runs_and_files_without_a_name():
+    gpus = ("9.0",)
+    assert stage.cut_kind("f/fmhaSm100fKernel_x.cubin", gpus) == "arch"
+    assert stage.cut_kind("f/kernel_sm90a.cubin", gpus) is None
+    assert stage.cut_kind("f/kernel_sm80.cubin", gpus) == "arch", "sm80 SASS does not run on 9.0"
+    assert stage.cut_kind("deep-gemm/kernel.fp8.0074.cubin", gpus) is None
+    assert stage.cut_kind("f/fmhaSm100fKernel_x.cubin") is None, "no # serves line: no arch cut"
+
+
+def _venv_with_cubins(tmp_path: Path, files: dict[str, bytes]) -> tuple[Path, Path]:
+    venv = tmp_path / "opt" / "venv"
+    site = venv / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    _install(site, "flashinfer-cubin", "0.6.6", files)
+    lock = tmp_path / "x.lock"
+    lock.write_text("# serves: 9.0 (the recipe's H100)\n# layer vllm-1 (1 MB): flashinfer-cubin\n")
+    return venv, lock
+
+
+def test_stage_cuts_cubins_the_served_gpu_cannot_run(tmp_path, capsys):
+    venv, lock = _venv_with_cubins(tmp_path, {
+        "flashinfer_cubin/cubins/fmhaSm100fKernel_a.cubin": fake_cubin(100),
+        "flashinfer_cubin/cubins/fmhaSm103aKernel_b.cubin": fake_cubin(103, arch_specific=True),
+        "flashinfer_cubin/cubins/gemm_sm90a.cubin": fake_cubin(90, arch_specific=True),
+        "flashinfer_cubin/cubins/deep/kernel.0074.cubin": fake_cubin(100),
+    })
+    staging = tmp_path / "layers"
+    stage.stage(lock, venv, staging)
+    tree = staging / "vllm-1" / venv.relative_to("/") / "lib" / "python3.12" / "site-packages" / "flashinfer_cubin" / "cubins"
+    assert sorted(p.name for p in tree.rglob("*.cubin")) == ["gemm_sm90a.cubin", "kernel.0074.cubin"]
+    assert "imgfab-stage: cut arch: 2 files" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("data, said", [(fake_cubin(90), "says sm90"), (b"\0" * 64, "not a CUDA ELF")])
+def test_stage_fails_when_a_cubin_header_contradicts_its_name(tmp_path, capsys, data, said):
+    venv, lock = _venv_with_cubins(tmp_path, {"flashinfer_cubin/cubins/fmhaSm100fKernel_a.cubin": data})
+    with pytest.raises(SystemExit) as caught:
+        stage.stage(lock, venv, tmp_path / "layers")
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "fmhaSm100fKernel_a.cubin: named sm100f" in err and said in err and len(err.splitlines()) == 1
+    assert (venv / "lib" / "python3.12" / "site-packages" / "flashinfer_cubin" / "cubins"
+            / "fmhaSm100fKernel_a.cubin").exists(), "nothing cut on a lying name"
+
+
+def test_lock_names_the_served_gpu_the_cut_and_the_cut_architectures():
+    fi = _pkg("flashinfer-cubin", "0.6.6", urls=["https://files.pythonhosted.org/x/fi.whl"])
+    fi.cuts, fi.cut_archs = {"arch": 1_040_000_000}, {"sm103a", "sm100f", "sm100a"}
+    text = lockmod.format_lock(_request(indexes=(), serves=("9.0",), gpu="H100-SXM"), [fi], uv_version="0.13.9")
+    assert "# serves: 9.0 (the recipe's H100-SXM:" in text
+    assert "# cubins-cut: sm100a sm100f sm103a (" in text
+    assert "# cut: cubins no GPU the image serves can run: 1.04 GB (flashinfer-cubin 1.04 GB)" in text
+    lock = Lock.parse(text)
+    assert lock.cubins_cut == ("sm100a", "sm100f", "sm103a")
+    assert stage.serves(text) == ("9.0",)
+    label = ("7.0", "7.5", "8.0", "8.9", "9.0", "10.0", "10.3", "12.0")
+    assert lock.serving_archs(label) == ("7.0", "7.5", "8.0", "8.9", "9.0", "12.0")
+
+
+def test_the_served_gpu_is_part_of_the_fingerprint():
+    assert _request(serves=("9.0",)).fingerprint() != _request(serves=("8.9",)).fingerprint()
+
+
+def test_every_vllm_example_lock_serves_its_recipe_gpu_and_labels_follow_the_cut():
+    from imgfab.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.render import render_context
+    from imgfab.resolve import resolve
+
+    matrix = load_matrix()
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        stack = resolve(recipe, matrix).stack
+        lock = lockmod.committed_lock(path, recipe, stack)
+        if lock is None:  # the TensorRT-LLM locks are refusals
+            continue
+        assert stage.serves(lock.text) == (stack.compute_capability,), path.name
+        served = lockmod.served_stack(stack, lock)
+        files = render_context(recipe, served, matrix, lock=lock)
+        label = next(line for line in files["Dockerfile"].splitlines() if "org.imgfab.archs=" in line)
+        for cut in lock.cubins_cut:
+            sm, suffix = int(cut[2:].rstrip("af")), cut[-1] if cut[-1] in "af" else ""
+            assert not any(stage.runs_on(sm, suffix, a) for a in served.archs), (path.name, cut)
+        assert ",".join(served.archs) in label

@@ -241,7 +241,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                  context_dir: Path | None = None) -> BuiltImage:
     """Build, verify (and optionally smoke-test and push) the image of one recipe."""
     from imgfab.compat import load_matrix  # noqa: PLC0415
-    from imgfab.lock import load_for_build  # noqa: PLC0415
+    from imgfab.lock import load_for_build, served_stack  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
     from imgfab.render import image_tag, render_context, write_context  # noqa: PLC0415
     from imgfab.resolve import resolve  # noqa: PLC0415
@@ -255,6 +255,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     stack = resolve(recipe, matrix).stack
     strategy = _compile_strategy(stack, options, on_line)
     lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
+    stack = served_stack(stack, lock)  # as render_context labels it: verify checks the same labels
     files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock)
     context = write_context(files, context_dir or Path("build") / recipe.name)
     build_args = base_image_args(stack, options)

@@ -72,9 +72,20 @@ compat_option = click.option("--compat-dir", type=click.Path(file_okay=False, ex
 @compat_option
 def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | None) -> None:
     """Print the stack RECIPE resolves to and why each other candidate was rejected."""
+    from dataclasses import replace
+
+    from imgfab.lock import committed_lock, served_stack
     from imgfab.report import print_resolution
 
-    _, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
+    parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
+    # The image's arch label as its committed lock's cubin cut leaves it (what a build labels).
+    lock = committed_lock(recipe, parsed, resolution.stack, Path(compat_dir) if compat_dir else None)
+    served = served_stack(resolution.stack, lock)
+    if served.archs != resolution.stack.archs:
+        dropped = [a for a in resolution.stack.archs if a not in served.archs]
+        note = (f"kernels for {', '.join(dropped)} dropped: the lock cuts the cubins built for "
+                f"{' '.join(lock.cubins_cut)}, which {served.gpu} cannot run")  # type: ignore[union-attr]
+        resolution = replace(resolution, stack=replace(served, notes=served.notes + (note,)))
     if as_json:
         click.echo(json.dumps({"stack": resolution.stack.to_dict(),
                                "rejected": [r.__dict__ for r in resolution.rejections],

@@ -37,7 +37,7 @@ import yaml
 from imgfab import stage
 from imgfab.errors import CompatibilityError, NetworkError, RecipeError
 
-LOCK_FORMAT = 2  # 2: layer sizes count the bytecode imgfab-stage compiles
+LOCK_FORMAT = 3  # 2: layer sizes count the bytecode imgfab-stage compiles; 3: cubins for other GPUs cut
 LAYER_LIMIT = 2_000_000_000  # bytes uncompressed per payload layer (the issue's 2 GB)
 # Layers are planned from RECORD sizes (plus a bytecode estimate), which miss what the build
 # adds; 5 % headroom keeps the measured layer under LAYER_LIMIT.
@@ -75,6 +75,8 @@ class PayloadRequest:
     default_index: str
     installer: str = ""  # "uv==X --hash=... --hash=..." the builder installs the lock with
     collisions_allowed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    serves: tuple[str, ...] = ()  # compute capabilities whose cubins stay (the recipe's GPU)
+    gpu: str = ""  # the recipe's GPU, for the header
 
     def fingerprint(self) -> str:
         data = {"format": LOCK_FORMAT, "pins": self.pins, "python": self.python,
@@ -82,7 +84,7 @@ class PayloadRequest:
                 "indexes": [[i.url, list(i.names)] for i in self.indexes],
                 "default_index": self.default_index, "installer": self.installer, "plan_limit": PLAN_LIMIT,
                 "collisions_allowed": self.collisions_allowed, "layer_limit": LAYER_LIMIT,
-                "groups": GROUPS}
+                "groups": GROUPS, "serves": self.serves}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
 
     def index_of(self, name: str) -> str:
@@ -101,6 +103,7 @@ class LockedPackage:
     installed: int = 0  # bytes, from the RECORD (after cuts), plus the bytecode estimate
     files: dict[str, str] = field(default_factory=dict)  # RECORD path → hash
     cuts: dict[str, int] = field(default_factory=dict)  # cut kind → bytes
+    cut_archs: set[str] = field(default_factory=set)  # "sm100f": architectures of its cubins cut
     requires: list[str] = field(default_factory=list)  # torch only: Requires-Dist lines
 
 
@@ -138,7 +141,8 @@ def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> 
         indexes=indexes, default_index=data.get("default_index", _DEFAULT_INDEX),
         installer=_installer_line(data),
         collisions_allowed=tuple(sorted((row["path"], tuple(sorted(stage.normalize(n) for n in row["packages"])))
-                                        for row in data.get("file_collisions_allowed", []))))
+                                        for row in data.get("file_collisions_allowed", []))),
+        serves=(stack.compute_capability,), gpu=stack.gpu)
 
 
 def _installer_line(data: dict[str, Any]) -> str:
@@ -162,6 +166,13 @@ class Lock:
     text: str
     installer: str = ""
     index: str = ""  # the first index the header names
+    cubins_cut: tuple[str, ...] = ()  # "sm100f" ...: architectures whose cubins the stage cuts
+
+    def serving_archs(self, archs: tuple[str, ...]) -> tuple[str, ...]:
+        """``archs`` (an image's kernel architectures) without those a cut cubin was built
+        for: once its kernels are gone, the image no longer serves such a GPU fully."""
+        cut = [(int(a[2:].rstrip("af")), a[-1] if a[-1] in "af" else "") for a in self.cubins_cut]
+        return tuple(a for a in archs if not any(stage.runs_on(sm, suffix, a) for sm, suffix in cut))
 
     def layers(self) -> list[str]:
         """The payload layer groups, in the order the runtime copies them (venv first)."""
@@ -187,7 +198,8 @@ class Lock:
                     packages[current][1].append(digest)
         unhashed = sorted(n for n, (_, hashes) in packages.items() if not hashes)
         return cls(header.get("fingerprint", ""), packages, unhashed, header.get("refused", ""),
-                   text, header.get("installer", ""), header.get("index", "").split(" ")[0])
+                   text, header.get("installer", ""), header.get("index", "").split(" ")[0],
+                   tuple(header.get("cubins-cut", "").split(" (")[0].split()))
 
 
 def lock_diff(old: Lock | None, new: Lock) -> list[str]:
@@ -257,8 +269,17 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
     total = sum(p.installed for p in packages)
     head.append(f"# installed: {_size(total)} in {len(packages)} distributions (their RECORDs after the cuts "
                 "below, .py counted twice for their bytecode)")
+    if request.serves:
+        head.append(f"# serves: {' '.join(request.serves)} (the recipe's {request.gpu or 'GPU'}: a cubin file "
+                    "no such GPU can run is cut, and the image's arch label drops the GPUs it was for)")
+        archs = sorted(set().union(*(p.cut_archs for p in packages)),
+                       key=lambda a: (int(a[2:].rstrip("af")), a))
+        if archs:
+            head.append(f"# cubins-cut: {' '.join(archs)} (from the file names; imgfab-stage checks "
+                        "each one's ELF header and fails on a disagreement)")
     for kind, what in (("static", "static libraries (*.a), never read when serving"),
-                       ("cache", "__pycache__ shipped in wheels, rewritten by the interpreter")):
+                       ("cache", "__pycache__ shipped in wheels, rewritten by the interpreter"),
+                       ("arch", "cubins no GPU the image serves can run")):
         owners = sorted((p for p in packages if p.cuts.get(kind)), key=lambda p: (-p.cuts[kind], p.name))
         amount = sum(p.cuts[kind] for p in owners)
         biggest = ", ".join(f"{p.name} {_size(p.cuts[kind])}" for p in owners[:4])
@@ -335,8 +356,9 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
     return sorted(packages, key=lambda p: p.name)
 
 
-def inspect_packages(packages: list[LockedPackage], *, workers: int = 8) -> None:
-    """Fill each package's RECORD files, installed size and cuts (and torch's Requires-Dist)."""
+def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves: tuple[str, ...] = ()) -> None:
+    """Fill each package's RECORD files, installed size and cuts (and torch's Requires-Dist);
+    ``serves``: the compute capabilities whose cubins stay (:func:`imgfab.stage.cut_kind`)."""
     from imgfab.wheelzip import read_members  # noqa: PLC0415
 
     def one(package: LockedPackage) -> None:
@@ -352,9 +374,12 @@ def inspect_packages(packages: list[LockedPackage], *, workers: int = 8) -> None
             path, digest, size = parts
             package.files[path] = digest
             count = int(size) if size.isdigit() else 0
-            kind = stage.cut_kind(path)
+            kind = stage.cut_kind(path, serves)
             if kind:
                 package.cuts[kind] = package.cuts.get(kind, 0) + count
+                if kind == "arch":
+                    sm, suffix = stage.cubin_arch(path)  # type: ignore[misc]
+                    package.cut_archs.add(f"sm{sm}{suffix}")
             else:
                 # imgfab-stage compiles every .py: count its pyc as large as the source (the
                 # real vLLM payload: 0.34 GB of pyc for its .py files; cuda-1 planned at 2.00 GB
@@ -555,7 +580,7 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
     packages: list[LockedPackage] = []
     if not refused:
         packages = resolve_packages(request, index_url=index_url, uv=uv)
-        inspect_packages(packages)
+        inspect_packages(packages, serves=request.serves)
         try:
             check_packages(packages, request, stack.cuda, index_url)
         except CompatibilityError as error:
@@ -629,6 +654,14 @@ def load_for_build(recipe_path: str, recipe: Any, stack: Any, lock_file: Path | 
     if not lock.packages:
         raise RecipeError("the lock names no packages", field="lock", fix=f"run `imgfab lock {recipe_path}`")
     return lock
+
+
+def served_stack(stack: Any, lock: Lock | None) -> Any:
+    """``stack`` as its image built from ``lock`` serves it: the arch label (``archs``) without
+    the GPUs whose cubins the lock's ``# cubins-cut:`` line says the stage removes."""
+    if lock is None or not lock.cubins_cut:
+        return stack
+    return replace(stack, archs=lock.serving_archs(stack.archs))
 
 
 def committed_lock(recipe_path: str | Path, recipe: Any, stack: Any,

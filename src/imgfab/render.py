@@ -266,8 +266,13 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     engine compiled by :func:`imgfab.trtllm.two_phase` (``engine/`` in the context), ``at-start``
     ships none and compiles on first start. See :func:`imgfab.trtllm.choose_compile_strategy`.
     ``lock`` is the payload lock (:mod:`imgfab.lock`) the builder installs and the runtime
-    layers; ``None`` renders the unlocked pins (see :func:`_payload`).
+    layers; ``None`` renders the unlocked pins (see :func:`_payload`). With a lock, ``stack`` is
+    rendered as the image serves it (:func:`imgfab.lock.served_stack`: its arch label without
+    the GPUs whose cubins the lock cuts).
     """
+    from imgfab.lock import served_stack  # noqa: PLC0415
+
+    stack = served_stack(stack, lock)
     digest = recipe_hash(recipe)
     profile = matrix.profiles[stack.backend]
     labels = image_labels(recipe, stack, digest, profile.weights_required)

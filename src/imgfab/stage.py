@@ -4,7 +4,10 @@ Runs inside the builder stage (copied into the build context as ``imgfab-stage.p
 
     python3 imgfab-stage.py LOCK VENV STAGING
 
-1. deletes what serving never reads (:func:`is_cut`: static ``.a`` libraries, ``__pycache__``);
+1. deletes what serving never reads (:func:`cut_kind`: static ``.a`` libraries, ``__pycache__``,
+   and standalone ``.cubin`` kernels no GPU the lock's ``# serves:`` line names can run; each
+   such cubin's ELF header must agree with the architecture its file name gives, or the stage
+   fails: names predict, the payload decides);
 2. moves each distribution's files (its installed ``RECORD``) to ``STAGING/<group>/VENV/...``
    for the group the lock's ``# layer <group>: <names>`` header line puts it in; what no
    RECORD names (the venv's own files) goes to the group ``venv``;
@@ -16,7 +19,8 @@ Runs inside the builder stage (copied into the build context as ``imgfab-stage.p
    give byte-identical layers.
 
 The same rules decide the cuts the lock header measures (:mod:`imgfab.lock` imports
-:func:`is_cut`). Exit status 2 with one line when a locked distribution is not installed.
+:func:`cut_kind`). Exit status 2 with one line when a locked distribution is not installed or
+a cubin's header disagrees with its name.
 """
 
 from __future__ import annotations
@@ -27,12 +31,65 @@ import os
 import py_compile
 import re
 import shutil
+import struct
 import sys
 from pathlib import Path
 
 EPOCH = 0  # SOURCE_DATE_EPOCH for the payload layers: 1970-01-01T00:00:00Z
 BASE_GROUP = "venv"
 _LAYER_LINE = re.compile(r"^# layer ([a-z0-9-]+) \([^)]*\): (.*)$")
+_SERVES_LINE = re.compile(r"^# serves: ([0-9.]+(?: [0-9.]+)*)(?: |$)")
+# The SASS architecture a kernel file's name gives: the last ``sm100f``, ``Sm103a``, ``sm_90``.
+_CUBIN_NAME_SM = re.compile(r"[Ss]m_?(\d{2,3})([af]?)(?=[^0-9]|$)")
+EM_CUDA = 190
+
+
+def cubin_arch(path: str) -> tuple[int, str] | None:
+    """``(sm, suffix)`` a ``.cubin`` file's name gives (``fmhaSm100fKernel_x.cubin`` → (100,
+    "f")), or None: not a cubin, or no architecture in its name (then it is never cut)."""
+    name = path.rsplit("/", 1)[-1]
+    if not name.endswith(".cubin"):
+        return None
+    found = _CUBIN_NAME_SM.findall(name[:-len(".cubin")])
+    return (int(found[-1][0]), found[-1][1]) if found else None
+
+
+def runs_on(sm: int, suffix: str, capability: str) -> bool:
+    """Can a GPU of ``capability`` ("9.0") run SASS built for ``sm``+``suffix``? Same major
+    and at least the minor; an ``a`` (architecture-specific) build only on its own GPU.
+    (CUDA Programming Guide, "Binary Compatibility"; LLVM's CUDA plugin ``isELFCompatible``
+    applies the same major/minor rule.)"""
+    major, minor = (int(part) for part in capability.split(".")[:2])
+    if major != sm // 10:
+        return False
+    return minor == sm % 10 if suffix == "a" else minor >= sm % 10
+
+
+def elf_sm(header: bytes) -> int | None:
+    """The SASS architecture in a CUDA ELF (cubin) header, or None if it is not one.
+
+    ``e_machine`` EM_CUDA (190); the SM sits in ``e_flags`` bits 0-7 under ABI version 7 and
+    bits 8-15 under ABI version 8 (Blackwell onwards): llvm/include/llvm/BinaryFormat/ELF.h
+    ``EF_CUDA_SM`` / ``EF_CUDA_SM_MASK``, ``ELFABIVERSION_CUDA_V1`` / ``_V2``."""
+    if len(header) < 52 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        return None
+    if struct.unpack_from("<H", header, 18)[0] != EM_CUDA:
+        return None
+    flags = struct.unpack_from("<I", header, 48)[0]
+    if header[8] == 7:
+        return flags & 0xFF
+    if header[8] == 8:
+        return (flags >> 8) & 0xFF
+    return None
+
+
+def serves(lock_text: str) -> tuple[str, ...]:
+    """The compute capabilities the lock's ``# serves:`` line names (none: no cubin is cut)."""
+    for line in lock_text.splitlines():
+        match = _SERVES_LINE.match(line)
+        if match:
+            return tuple(match.group(1).split())
+    return ()
 
 
 def normalize(name: str) -> str:
@@ -40,21 +97,34 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def cut_kind(path: str) -> str | None:
+def cut_kind(path: str, gpus: tuple[str, ...] = ()) -> str | None:
     """The size cut a RECORD path falls under, or None to keep it.
 
     ``static``: ``*.a`` static libraries (linking happens at build time, never in serving);
-    ``cache``: ``__pycache__`` entries shipped in a wheel (the interpreter rewrites them).
+    ``cache``: ``__pycache__`` entries shipped in a wheel (the interpreter rewrites them);
+    ``arch``: a ``.cubin`` whose name gives an architecture none of ``gpus`` (compute
+    capabilities) can run: a kernel loaded from a file only on the GPU it was built for.
     """
     if path.endswith(".a"):
         return "static"
     if "/__pycache__/" in f"/{path}":
         return "cache"
+    if gpus:
+        arch = cubin_arch(path)
+        if arch and not any(runs_on(*arch, gpu) for gpu in gpus):
+            return "arch"
     return None
 
 
-def is_cut(path: str) -> bool:
-    return cut_kind(path) is not None
+def _cut_cubin(path: str, arch: tuple[int, str]) -> None:
+    """Check the header of a cubin the ``arch`` cut removes: its name must not lie."""
+    with open(path, "rb") as handle:
+        found = elf_sm(handle.read(64))
+    if found != arch[0]:
+        what = f"sm{found}" if found is not None else "not a CUDA ELF"
+        print(f"imgfab-stage: {path}: named sm{arch[0]}{arch[1]} but its header says {what}; "
+              "the arch cut trusts no name its payload contradicts", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def layer_groups(lock_text: str) -> dict[str, str]:
@@ -137,21 +207,31 @@ def _normalise(tree: Path) -> None:
 
 def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
     """Cut, split and normalise; returns ``{group: files moved}``."""
-    groups = layer_groups(lock.read_text(encoding="utf-8"))
+    text = lock.read_text(encoding="utf-8")
+    groups, gpus = layer_groups(text), serves(text)
     site = _site_packages(venv)
     installed = _records(site)
     missing = sorted(set(groups) - set(installed))
     if missing:
         print(f"imgfab-stage: locked but not installed: {' '.join(missing)}", file=sys.stderr)
         raise SystemExit(2)
+    cut: dict[str, list[int]] = {}
     for root, dirs, files in os.walk(venv):
-        for name in files:
+        for name in sorted(files):
             path = os.path.join(root, name)
-            if is_cut(os.path.relpath(path, site)) and not os.path.islink(path):
+            kind = cut_kind(os.path.relpath(path, site), gpus)
+            if kind and not os.path.islink(path):
+                if kind == "arch":
+                    _cut_cubin(path, cubin_arch(path))  # type: ignore[arg-type]
+                cut.setdefault(kind, [0, 0])
+                cut[kind][0] += 1
+                cut[kind][1] += os.path.getsize(path)
                 os.unlink(path)
         if "__pycache__" in dirs:
             shutil.rmtree(os.path.join(root, "__pycache__"))
             dirs.remove("__pycache__")
+    for kind, (files_cut, size) in sorted(cut.items()):
+        print(f"imgfab-stage: cut {kind}: {files_cut} files, {size / 1e6:.1f} MB")
     # Moved in one sorted order, so every staging tree is created in the same order on every
     # build (a layer's tar lists entries in the order the engine walks them).
     counts: dict[str, int] = {}

@@ -136,3 +136,20 @@ def test_payload_layers_are_root_owned_at_the_epoch(builds):
                           "find /opt/venv ! -user 0 -print | head -5"],
                          capture_output=True, text=True, check=True).stdout
     assert out == "", f"payload files not normalised:\n{out}"
+
+
+def test_cubins_for_other_gpus_are_cut_and_the_arch_label_follows(builds):
+    """The fake vllm wheel ships a Blackwell-only cubin (sm100f in its name and its ELF header)
+    and one without an architecture in its name. The H100 recipe's lock serves 9.0: the first
+    is gone from the image, the second stays, and the image no longer claims 10.0."""
+    lock = builds["lock"]
+    assert lock.cubins_cut == ("sm100f",)
+    ref = builds["first"]["tags"][0]
+    out = subprocess.run([DOCKER, "run", "--rm", "--entrypoint", "sh", ref, "-c",
+                          "ls /opt/venv/lib/python3*/site-packages/vllm/_cubins/"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["kernel.fake_grouped_gemm.0074.cubin"]
+    labels = json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True, text=True,
+                                       check=True).stdout)[0]["Config"]["Labels"]
+    archs = labels["org.imgfab.archs"].split(",")
+    assert "9.0" in archs and "10.0" not in archs, archs

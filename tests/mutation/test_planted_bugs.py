@@ -206,6 +206,17 @@ PLANTS = [
     Plant("cli: click usage errors printed by click (several lines)", "cli.py",
           "        click.echo(f\"imgfab: {_usage_line(error)}\", err=True)", "        error.show()",
           ("tests/test_render_output.py",)),
+    # --- the payload's arch cut (issue 9) -----------------------------------------------------
+    Plant("stage: cubin header not checked against its name", "stage.py",
+          "    if found != arch[0]:", "    if False:", ("tests/test_lock.py",)),
+    Plant("stage: an 'a' cubin runs on every minor of its major", "stage.py",
+          "    return minor == sm % 10 if suffix == \"a\" else minor >= sm % 10", "    return minor >= sm % 10",
+          ("tests/test_lock.py",)),
+    Plant("stage: the SM read from the low byte under ABI version 8 too", "stage.py",
+          "        return (flags >> 8) & 0xFF", "        return flags & 0xFF", ("tests/test_lock.py",)),
+    Plant("lock: the arch label not narrowed by the cubin cut", "lock.py",
+          "    return replace(stack, archs=lock.serving_archs(stack.archs))", "    return stack",
+          ("tests/test_lock.py",)),
 ]
 
 
