@@ -221,6 +221,14 @@ def _installed(ref: str) -> list[str]:
     return sorted(Path(line).name.removesuffix(".dist-info").replace("-", "==", 1) for line in out.split())
 
 
+def _hashes(ref: str) -> dict[str, str]:
+    """``{path: sha256 or link target}`` of every file and link under /opt/venv in ``ref``."""
+    out = docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
+                 "cd /opt/venv && find . -type f -print0 | sort -z | xargs -0 sha256sum; "
+                 "find . -type l -printf '%l  %p\\n'")
+    return {line.split("  ", 1)[1]: line.split("  ", 1)[0] for line in out.splitlines() if "  " in line}
+
+
 def bench_repro(payload: str, scratch: Path, results: dict, run: str) -> None:
     from imgfab import engine
     from imgfab.lock import Lock
@@ -237,6 +245,13 @@ def bench_repro(payload: str, scratch: Path, results: dict, run: str) -> None:
             runs.append((built, seconds, _payload_layers(built, groups), _installed(built.tags[0])))
     (a, sa, la, ia), (b, sb, lb, ib) = runs
     same = [g for g in groups if la[g] == lb[g]]
+    if len(same) < len(groups):  # which files: hash both images' venvs and print what differs
+        listings = [_hashes(built.tags[0]) for built in (a, b)]
+        differ = sorted(path for path in set(listings[0]) | set(listings[1])
+                        if listings[0].get(path) != listings[1].get(path))
+        print(f"repro: {len(differ)} files differ between the two builds:", flush=True)
+        for path in differ[:40]:
+            print(f"  {path}: {listings[0].get(path, '-')[:12]} {listings[1].get(path, '-')[:12]}", flush=True)
     results["repro"] = (f"two cold builds ({sa:.0f} s, {sb:.0f} s, build cache pruned before each): "
                         f"{len(ia)} and {len(ib)} distributions, {'the same' if ia == ib else 'DIFFERENT'} set; "
                         f"payload layers identical {len(same)}/{len(groups)}"
