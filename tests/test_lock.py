@@ -473,3 +473,15 @@ def test_every_vllm_example_lock_serves_its_recipe_gpu_and_labels_follow_the_cut
             sm, suffix = int(cut[2:].rstrip("af")), cut[-1] if cut[-1] in "af" else ""
             assert not any(stage.runs_on(sm, suffix, a) for a in served.archs), (path.name, cut)
         assert ",".join(served.archs) in label
+
+
+def test_stage_compiles_in_one_process_in_sorted_order(tmp_path, monkeypatch):
+    """A pool of compile workers makes .pyc bytes depend on which worker compiled what before
+    (marshal's reference flags follow reference counts): one process, compileall's order."""
+    import compileall
+
+    calls = []
+    monkeypatch.setattr(compileall, "compile_dir", lambda *args, **kwargs: calls.append(kwargs) or True)
+    venv, lock = _venv_with_cubins(tmp_path, {"flashinfer_cubin/__init__.py": b""})
+    stage.stage(lock, venv, tmp_path / "layers")
+    assert calls and all(call["workers"] == 1 for call in calls)
