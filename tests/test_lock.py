@@ -118,9 +118,12 @@ def test_layer_plan_groups_by_content_and_caps_each_layer():
     gb = 10**9
     packages = [_pkg("nvidia-cublas-cu12", installed=int(1.5 * gb)), _pkg("nvidia-cudnn-cu12", installed=int(1.2 * gb)),
                 _pkg("nvidia-nccl-cu12", installed=int(0.4 * gb)), _pkg("torch", installed=int(2.5 * gb)),
-                _pkg("vllm", installed=gb), _pkg("flashinfer-python", installed=gb // 2), _pkg("six", installed=100)]
+                _pkg("vllm", installed=gb), _pkg("flashinfer-python", installed=gb // 2), _pkg("six", installed=100),
+                _pkg("transformers", installed=10**8), _pkg("tokenizers", installed=10**7)]
     plan = lockmod.layer_plan(packages)
-    assert [name for name, _, _ in plan] == ["cuda-1", "cuda-2", "torch-1", "rest-1", "vllm-1"]
+    # models: what a vLLM patch release moves besides vLLM, in a layer of its own before vllm
+    assert [name for name, _, _ in plan] == ["cuda-1", "cuda-2", "torch-1", "rest-1", "models-1", "vllm-1"]
+    assert dict((n, names) for n, _, names in plan)["models-1"] == ["tokenizers", "transformers"]
     assert all(size <= lockmod.PLAN_LIMIT < lockmod.LAYER_LIMIT for name, size, _ in plan if name != "torch-1")
     assert dict((n, names) for n, _, names in plan)["torch-1"] == ["torch"]  # alone: over the limit
     text = lockmod.format_lock(_request(cuda_major="12", indexes=()), packages, uv_version="0.13.9")
