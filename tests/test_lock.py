@@ -118,9 +118,12 @@ def test_layer_plan_groups_by_content_and_caps_each_layer():
     gb = 10**9
     packages = [_pkg("nvidia-cublas-cu12", installed=int(1.5 * gb)), _pkg("nvidia-cudnn-cu12", installed=int(1.2 * gb)),
                 _pkg("nvidia-nccl-cu12", installed=int(0.4 * gb)), _pkg("torch", installed=int(2.5 * gb)),
-                _pkg("vllm", installed=gb), _pkg("flashinfer-python", installed=gb // 2), _pkg("six", installed=100)]
+                _pkg("vllm", installed=gb), _pkg("flashinfer-python", installed=gb // 2), _pkg("six", installed=100),
+                _pkg("transformers", installed=10**8), _pkg("tokenizers", installed=10**7)]
     plan = lockmod.layer_plan(packages)
-    assert [name for name, _, _ in plan] == ["cuda-1", "cuda-2", "torch-1", "rest-1", "vllm-1"]
+    # models: what a vLLM patch release moves besides vLLM, in a layer of its own before vllm
+    assert [name for name, _, _ in plan] == ["cuda-1", "cuda-2", "torch-1", "rest-1", "models-1", "vllm-1"]
+    assert dict((n, names) for n, _, names in plan)["models-1"] == ["tokenizers", "transformers"]
     assert all(size <= lockmod.PLAN_LIMIT < lockmod.LAYER_LIMIT for name, size, _ in plan if name != "torch-1")
     assert dict((n, names) for n, _, names in plan)["torch-1"] == ["torch"]  # alone: over the limit
     text = lockmod.format_lock(_request(cuda_major="12", indexes=()), packages, uv_version="0.13.9")
@@ -473,3 +476,15 @@ def test_every_vllm_example_lock_serves_its_recipe_gpu_and_labels_follow_the_cut
             sm, suffix = int(cut[2:].rstrip("af")), cut[-1] if cut[-1] in "af" else ""
             assert not any(stage.runs_on(sm, suffix, a) for a in served.archs), (path.name, cut)
         assert ",".join(served.archs) in label
+
+
+def test_stage_compiles_in_one_process_in_sorted_order(tmp_path, monkeypatch):
+    """A pool of compile workers makes .pyc bytes depend on which worker compiled what before
+    (marshal's reference flags follow reference counts): one process, compileall's order."""
+    import compileall
+
+    calls = []
+    monkeypatch.setattr(compileall, "compile_dir", lambda *args, **kwargs: calls.append(kwargs) or True)
+    venv, lock = _venv_with_cubins(tmp_path, {"flashinfer_cubin/__init__.py": b""})
+    stage.stage(lock, venv, tmp_path / "layers")
+    assert calls and all(call["workers"] == 1 for call in calls)

@@ -50,6 +50,12 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("torch", r"^(torch|torchaudio|torchvision)$"),
     ("compilers", r"^(triton|llvmlite|numba|cuda-bindings|cuda-pathfinder|cuda-python|ninja|xgrammar)$"),
     ("rest", r""),
+    # What moves with a vLLM release although vLLM does not pin it exactly: 0.19.0 -> 0.19.1
+    # also moved transformers 4.57.6 -> 5.24.0, huggingface-hub, tokenizers and
+    # compressed-tensors (bench/README.md). Kept out of "rest" so that a patch bump re-sends
+    # this small layer, not the 0.25 GB (compressed) of everything else.
+    ("models", r"^(transformers|tokenizers|huggingface-hub|hf-xet|safetensors|compressed-tensors"
+               r"|mistral-common|gguf|sentencepiece|tiktoken)$"),
     ("vllm", r"^(vllm|flashinfer-.*|xformers|tensorrt-llm)$"),
 )
 _CUDA_WHEEL = re.compile(r"^nvidia-.*-cu(\d+)$")

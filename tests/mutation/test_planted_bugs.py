@@ -214,6 +214,8 @@ PLANTS = [
           ("tests/test_lock.py",)),
     Plant("stage: the SM read from the low byte under ABI version 8 too", "stage.py",
           "        return (flags >> 8) & 0xFF", "        return flags & 0xFF", ("tests/test_lock.py",)),
+    Plant("stage: bytecode compiled by a pool of workers", "stage.py",
+          "prependdir=\"/\", workers=1,", "prependdir=\"/\", workers=0,", ("tests/test_lock.py",)),
     Plant("lock: the arch label not narrowed by the cubin cut", "lock.py",
           "    return replace(stack, archs=lock.serving_archs(stack.archs))", "    return stack",
           ("tests/test_lock.py",)),

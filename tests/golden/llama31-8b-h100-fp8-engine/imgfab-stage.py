@@ -190,8 +190,15 @@ def _move(path: Path, staging: Path) -> None:
 
 def _compile(tree: Path) -> None:
     """Bytecode for every ``.py`` under ``tree``, as the interpreter will find it at its final
-    path (``tree`` stripped from the recorded file names)."""
-    compileall.compile_dir(str(tree), quiet=2, stripdir=str(tree), prependdir="/", workers=0,
+    path (``tree`` stripped from the recorded file names).
+
+    One process, in compileall's sorted order (``workers=1``): marshal flags an object for
+    back-references when its reference count is above 1, so a .pyc's bytes depend on what the
+    compiling process did before (astral-sh/uv#10619, python/cpython#98819). A pool hands files
+    to whichever worker is free. With a pool, one of four cold real-payload builds of one lock
+    (2026-12-01) got a different ``rest-1`` layer; its files were gone before they could be
+    compared, and the pool is the one source of such differences this stage had."""
+    compileall.compile_dir(str(tree), quiet=2, stripdir=str(tree), prependdir="/", workers=1,
                            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
 
 
