@@ -478,13 +478,24 @@ def test_every_vllm_example_lock_serves_its_recipe_gpu_and_labels_follow_the_cut
         assert ",".join(served.archs) in label
 
 
-def test_stage_compiles_in_one_process_in_sorted_order(tmp_path, monkeypatch):
-    """A pool of compile workers makes .pyc bytes depend on which worker compiled what before
-    (marshal's reference flags follow reference counts): one process, compileall's order."""
-    import compileall
+def test_stage_compiles_each_group_in_an_interpreter_of_its_own_with_one_worker(tmp_path, monkeypatch):
+    """A .pyc's bytes depend on what the compiling process did before (marshal's reference
+    flags follow reference counts): each layer group gets a fresh interpreter and one worker,
+    so a group's bytes depend on its own files only."""
+    import subprocess as sp
 
     calls = []
-    monkeypatch.setattr(compileall, "compile_dir", lambda *args, **kwargs: calls.append(kwargs) or True)
+    monkeypatch.setattr(sp, "run", lambda argv, **kwargs: calls.append(argv))
     venv, lock = _venv_with_cubins(tmp_path, {"flashinfer_cubin/__init__.py": b""})
     stage.stage(lock, venv, tmp_path / "layers")
-    assert calls and all(call["workers"] == 1 for call in calls)
+    trees = sorted(Path(argv[-1]).name for argv in calls)
+    assert trees == ["venv", "vllm-1"], "one interpreter per group"
+    assert all(argv[0] == sys.executable and "workers=1" in argv[2] for argv in calls)
+
+
+def test_stage_bytecode_is_compiled_and_valid_at_its_final_path(tmp_path):
+    venv, lock = _venv_with_cubins(tmp_path, {"flashinfer_cubin/__init__.py": b"X = frozenset({'a', 'b'})\n"})
+    stage.stage(lock, venv, tmp_path / "layers")
+    tree = tmp_path / "layers" / "vllm-1" / venv.relative_to("/") / "lib" / "python3.12" / "site-packages"
+    pycs = list((tree / "flashinfer_cubin" / "__pycache__").glob("__init__.*.pyc"))
+    assert len(pycs) == 1 and int.from_bytes(pycs[0].read_bytes()[4:8], "little") == 0b01  # unchecked hash

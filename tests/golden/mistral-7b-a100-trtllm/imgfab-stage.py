@@ -25,13 +25,12 @@ a cubin's header disagrees with its name.
 
 from __future__ import annotations
 
-import compileall
 import csv
 import os
-import py_compile
 import re
 import shutil
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -188,18 +187,24 @@ def _move(path: Path, staging: Path) -> None:
         shutil.move(str(path), str(target))
 
 
+# One fresh interpreter per layer group, one worker, compileall's sorted order. Marshal flags
+# an object for back-references when its reference count is above 1, so a .pyc's bytes depend
+# on what the compiling process did before (astral-sh/uv#10619, python/cpython#98819):
+# - a worker pool hands files to whichever worker is free: with one, one of four cold
+#   real-payload builds of one lock (2026-12-01) got a different rest-1 layer;
+# - one process for every group made each group's bytes depend on the groups compiled before
+#   it: after a vLLM patch bump the unchanged rest-1 was re-sent with the changed models-1.
+_COMPILE = ("import compileall, py_compile, sys; compileall.compile_dir(sys.argv[1], quiet=2, "
+            "stripdir=sys.argv[1], prependdir='/', workers=1, "
+            "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)")
+
+
 def _compile(tree: Path) -> None:
     """Bytecode for every ``.py`` under ``tree``, as the interpreter will find it at its final
-    path (``tree`` stripped from the recorded file names).
-
-    One process, in compileall's sorted order (``workers=1``): marshal flags an object for
-    back-references when its reference count is above 1, so a .pyc's bytes depend on what the
-    compiling process did before (astral-sh/uv#10619, python/cpython#98819). A pool hands files
-    to whichever worker is free. With a pool, one of four cold real-payload builds of one lock
-    (2026-12-01) got a different ``rest-1`` layer; its files were gone before they could be
-    compared, and the pool is the one source of such differences this stage had."""
-    compileall.compile_dir(str(tree), quiet=2, stripdir=str(tree), prependdir="/", workers=1,
-                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    path (``tree`` stripped from the recorded file names), compiled by an interpreter of its
+    own (:data:`_COMPILE`) so that the bytes depend on ``tree`` alone. A file that does not
+    compile (a template, another Python's syntax) keeps no .pyc, as with compileall itself."""
+    subprocess.run([sys.executable, "-c", _COMPILE, str(tree)], check=False)
 
 
 def _normalise(tree: Path) -> None:
