@@ -499,3 +499,28 @@ def test_stage_bytecode_is_compiled_and_valid_at_its_final_path(tmp_path):
     tree = tmp_path / "layers" / "vllm-1" / venv.relative_to("/") / "lib" / "python3.12" / "site-packages"
     pycs = list((tree / "flashinfer_cubin" / "__pycache__").glob("__init__.*.pyc"))
     assert len(pycs) == 1 and int.from_bytes(pycs[0].read_bytes()[4:8], "little") == 0b01  # unchecked hash
+
+
+def test_a_reviewed_collision_is_named_in_the_lock_and_cut_by_the_stage(tmp_path, capsys):
+    """build_backend.py: flashinfer-python and torch-c-dlpack-ext both install it with different
+    bytes; uv extracts in parallel, so which one is left differed between two cold builds of one
+    lock. Reviewed as never read (compat/payload.yaml), it is cut."""
+    a = _pkg("flashinfer-python", files={"build_backend.py": "sha256=AAA", "flashinfer/__init__.py": "sha256=F"})
+    b = _pkg("torch-c-dlpack-ext", files={"build_backend.py": "sha256=BBB"})
+    allowed = (("build_backend.py", ("flashinfer-python", "torch-c-dlpack-ext")),)
+    assert lockmod.reviewed_collisions([a, b], allowed) == ["build_backend.py"]
+    assert lockmod.reviewed_collisions([a, b], ()) == [], "an unreviewed collision refuses instead"
+    text = lockmod.format_lock(_request(indexes=(), collisions_allowed=allowed), [a, b], uv_version="0.13.9")
+    assert "# collisions-cut: build_backend.py (" in text and stage.collisions(text) == ("build_backend.py",)
+
+    venv = tmp_path / "opt" / "venv"
+    site = venv / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    _install(site, "flashinfer-python", "0.6.6", {"build_backend.py": b"one", "flashinfer/__init__.py": b""})
+    _install(site, "torch-c-dlpack-ext", "0.1.5", {"build_backend.py": b"two"})
+    lock = tmp_path / "x.lock"
+    lock.write_text(text.split("\n\n")[0] + "\n")
+    stage.stage(lock, venv, tmp_path / "layers")
+    assert not list((tmp_path / "layers").rglob("build_backend.py*")), "cut in every group"
+    assert list((tmp_path / "layers").rglob("flashinfer/__init__.py"))
+    assert "imgfab-stage: cut collision: 1 files" in capsys.readouterr().out

@@ -37,7 +37,7 @@ import yaml
 from imgfab import stage
 from imgfab.errors import CompatibilityError, NetworkError, RecipeError
 
-LOCK_FORMAT = 3  # 2: layer sizes count the bytecode imgfab-stage compiles; 3: cubins for other GPUs cut
+LOCK_FORMAT = 4  # 2: bytecode counted; 3: cubins for other GPUs cut; 4: reviewed collisions cut
 LAYER_LIMIT = 2_000_000_000  # bytes uncompressed per payload layer (the issue's 2 GB)
 # Layers are planned from RECORD sizes (plus a bytecode estimate), which miss what the build
 # adds; 5 % headroom keeps the measured layer under LAYER_LIMIT.
@@ -291,6 +291,10 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
         biggest = ", ".join(f"{p.name} {_size(p.cuts[kind])}" for p in owners[:4])
         head.append(f"# cut: {what}: {_size(amount)}" + (f" ({biggest})" if biggest else ""))
     head.append("# cut: CUDA libraries of a second CUDA major: 0 B (refused at lock time, one major only)")
+    collided = reviewed_collisions(packages, request.collisions_allowed)
+    if collided:
+        head.append(f"# collisions-cut: {' '.join(collided)} (reviewed in compat/payload.yaml; two distributions "
+                    "install it with different bytes, so which one is left is an installer race)")
     head.append("# kept: bytecode, compiled by imgfab-stage (unchecked-hash): import vllm 8.9 s -> 2.5 s "
                 "for 0.34 GB (bench/README.md)")
     for layer, used, names in layer_plan(packages):
@@ -416,20 +420,32 @@ def check_cuda_majors(packages: list[LockedPackage]) -> None:
                                  "major (compat/payload.yaml indexes)")
 
 
-def check_file_collisions(packages: list[LockedPackage],
-                          allowed: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> None:
-    """Two distributions installing one path with different bytes (one overwrites the other).
-
-    ``allowed`` lists reviewed ``(path, packages)`` pairs (compat/payload.yaml)."""
+def _collisions(packages: list[LockedPackage]) -> dict[str, list[tuple[str, str]]]:
+    """``{path: [(package, digest), ...]}`` for paths two distributions install with different bytes."""
     owners: dict[str, list[tuple[str, str]]] = {}
     for package in packages:
         for path, digest in package.files.items():
             if ".dist-info/" not in path:
                 owners.setdefault(os.path.normpath(path), []).append((package.name, digest))
+    return {path: who for path, who in owners.items() if len(who) > 1 and len({d for _, d in who}) > 1}
+
+
+def reviewed_collisions(packages: list[LockedPackage], allowed: tuple[tuple[str, tuple[str, ...]], ...]) -> list[str]:
+    """The reviewed colliding paths this payload really has: imgfab-stage cuts them, since which
+    distribution's bytes the installer left there is a race (they differ between builds)."""
     reviewed = {(path, tuple(sorted(names))) for path, names in allowed}
-    clashes = sorted((path, who) for path, who in owners.items()
-                     if len(who) > 1 and len({d for _, d in who}) > 1
-                     and (path, tuple(sorted(n for n, _ in who))) not in reviewed)
+    return sorted(path for path, who in _collisions(packages).items()
+                  if (path, tuple(sorted(n for n, _ in who))) in reviewed)
+
+
+def check_file_collisions(packages: list[LockedPackage],
+                          allowed: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> None:
+    """Two distributions installing one path with different bytes (one overwrites the other).
+
+    ``allowed`` lists reviewed ``(path, packages)`` pairs (compat/payload.yaml)."""
+    reviewed = {(path, tuple(sorted(names))) for path, names in allowed}
+    clashes = sorted((path, who) for path, who in _collisions(packages).items()
+                     if (path, tuple(sorted(n for n, _ in who))) not in reviewed)
     if clashes:
         shown = "; ".join(f"{path} ({' '.join(sorted(n for n, _ in who))})" for path, who in clashes[:5])
         more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""

@@ -37,6 +37,7 @@ from pathlib import Path
 EPOCH = 0  # SOURCE_DATE_EPOCH for the payload layers: 1970-01-01T00:00:00Z
 BASE_GROUP = "venv"
 _LAYER_LINE = re.compile(r"^# layer ([a-z0-9-]+) \([^)]*\): (.*)$")
+_COLLISIONS_LINE = re.compile(r"^# collisions-cut: (\S+(?: \S+)*?)(?: \(|$)")
 _SERVES_LINE = re.compile(r"^# serves: ([0-9.]+(?: [0-9.]+)*)(?: |$)")
 # The SASS architecture a kernel file's name gives: the last ``sm100f``, ``Sm103a``, ``sm_90``.
 _CUBIN_NAME_SM = re.compile(r"[Ss]m_?(\d{2,3})([af]?)(?=[^0-9]|$)")
@@ -80,6 +81,17 @@ def elf_sm(header: bytes) -> int | None:
     if header[8] == 8:
         return (flags >> 8) & 0xFF
     return None
+
+
+def collisions(lock_text: str) -> tuple[str, ...]:
+    """Site-packages paths the lock's ``# collisions-cut:`` line names: two distributions install
+    each with different bytes (reviewed as never read when serving), and the installer's
+    parallel extraction decides which one is left, so the stage removes it."""
+    for line in lock_text.splitlines():
+        match = _COLLISIONS_LINE.match(line)
+        if match:
+            return tuple(match.group(1).split())
+    return ()
 
 
 def serves(lock_text: str) -> tuple[str, ...]:
@@ -187,13 +199,12 @@ def _move(path: Path, staging: Path) -> None:
         shutil.move(str(path), str(target))
 
 
-# One fresh interpreter per layer group, one worker, compileall's sorted order. Marshal flags
-# an object for back-references when its reference count is above 1, so a .pyc's bytes depend
-# on what the compiling process did before (astral-sh/uv#10619, python/cpython#98819):
-# - a worker pool hands files to whichever worker is free: with one, one of four cold
-#   real-payload builds of one lock (2026-12-01) got a different rest-1 layer;
-# - one process for every group made each group's bytes depend on the groups compiled before
-#   it: after a vLLM patch bump the unchanged rest-1 was re-sent with the changed models-1.
+# One fresh interpreter per layer group, one worker, compileall's sorted order: marshal flags an
+# object for back-references when its reference count is above 1, so a .pyc's bytes can depend
+# on what the compiling process did before (astral-sh/uv#10619, python/cpython#98819), and a
+# worker pool hands files to whichever worker is free. A precaution: the one difference the
+# real-payload repro measured (2026-12-01) was build_backend.py, an installer race between two
+# distributions (see :func:`collisions`), not bytecode.
 _COMPILE = ("import compileall, py_compile, sys; compileall.compile_dir(sys.argv[1], quiet=2, "
             "stripdir=sys.argv[1], prependdir='/', workers=1, "
             "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)")
@@ -228,6 +239,13 @@ def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
         print(f"imgfab-stage: locked but not installed: {' '.join(missing)}", file=sys.stderr)
         raise SystemExit(2)
     cut: dict[str, list[int]] = {}
+    for relative in collisions(text):
+        path = site / relative
+        if path.is_file() and not path.is_symlink():
+            cut.setdefault("collision", [0, 0])
+            cut["collision"][0] += 1
+            cut["collision"][1] += path.stat().st_size
+            path.unlink()
     for root, dirs, files in os.walk(venv):
         for name in sorted(files):
             path = os.path.join(root, name)
