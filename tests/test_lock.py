@@ -490,7 +490,7 @@ def test_stage_compiles_each_group_in_an_interpreter_of_its_own_with_one_worker(
     stage.stage(lock, venv, tmp_path / "layers")
     trees = sorted(Path(argv[-1]).name for argv in calls)
     assert trees == ["venv", "vllm-1"], "one interpreter per group"
-    assert all(argv[0] == sys.executable and "workers=1" in argv[2] for argv in calls)
+    assert all(argv[0] == os.path.realpath(sys.executable) and "workers=1" in argv[3] for argv in calls)
 
 
 def test_stage_bytecode_is_compiled_and_valid_at_its_final_path(tmp_path):
@@ -524,3 +524,15 @@ def test_a_reviewed_collision_is_named_in_the_lock_and_cut_by_the_stage(tmp_path
     assert not list((tmp_path / "layers").rglob("build_backend.py*")), "cut in every group"
     assert list((tmp_path / "layers").rglob("flashinfer/__init__.py"))
     assert "imgfab-stage: cut collision: 1 files" in capsys.readouterr().out
+
+
+def test_stage_run_by_the_venv_it_stages_still_compiles(tmp_path, monkeypatch):
+    """The engine path runs imgfab-stage with /opt/venv/bin first on PATH: the python3 it runs
+    as is a link inside the venv it moves away. The compiles use the resolved interpreter."""
+    venv, lock = _venv_with_cubins(tmp_path, {"flashinfer_cubin/__init__.py": b"X = 1\n"})
+    (venv / "bin").mkdir()
+    os.symlink(os.path.realpath(sys.executable), venv / "bin" / "python3")
+    monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python3"))
+    stage.stage(lock, venv, tmp_path / "layers")
+    tree = tmp_path / "layers" / "vllm-1" / venv.relative_to("/") / "lib" / "python3.12" / "site-packages"
+    assert list((tree / "flashinfer_cubin" / "__pycache__").glob("__init__.*.pyc"))

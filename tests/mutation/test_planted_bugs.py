@@ -217,7 +217,7 @@ PLANTS = [
     Plant("stage: bytecode compiled by a pool of workers", "stage.py",
           "prependdir='/', workers=1, ", "prependdir='/', workers=0, ", ("tests/test_lock.py",)),
     Plant("stage: every group compiled in the stage's own process", "stage.py",
-          "    subprocess.run([sys.executable, \"-c\", _COMPILE, str(tree)], check=False)",
+          "    subprocess.run([python, \"-I\", \"-c\", _COMPILE, str(tree)], check=False)",
           "    exec(_COMPILE.replace(\"sys.argv[1]\", repr(str(tree))))",
           ("tests/test_lock.py",)),
     Plant("stage: reviewed collisions left to the installer's race", "stage.py",

@@ -210,12 +210,12 @@ _COMPILE = ("import compileall, py_compile, sys; compileall.compile_dir(sys.argv
             "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)")
 
 
-def _compile(tree: Path) -> None:
+def _compile(tree: Path, python: str) -> None:
     """Bytecode for every ``.py`` under ``tree``, as the interpreter will find it at its final
     path (``tree`` stripped from the recorded file names), compiled by an interpreter of its
     own (:data:`_COMPILE`) so that the bytes depend on ``tree`` alone. A file that does not
     compile (a template, another Python's syntax) keeps no .pyc, as with compileall itself."""
-    subprocess.run([sys.executable, "-c", _COMPILE, str(tree)], check=False)
+    subprocess.run([python, "-I", "-c", _COMPILE, str(tree)], check=False)
 
 
 def _normalise(tree: Path) -> None:
@@ -230,6 +230,9 @@ def _normalise(tree: Path) -> None:
 
 def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
     """Cut, split and normalise; returns ``{group: files moved}``."""
+    # The interpreter for the compiles, resolved before anything moves: on the engine path the
+    # stage runs with /opt/venv/bin first on PATH, and that venv's python3 link is staged too.
+    python = os.path.realpath(sys.executable)
     text = lock.read_text(encoding="utf-8")
     groups, gpus = layer_groups(text), serves(text)
     site = _site_packages(venv)
@@ -283,7 +286,7 @@ def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
         counts[BASE_GROUP] = counts.get(BASE_GROUP, 0) + 1
     for group in sorted(set(groups.values()) | {BASE_GROUP}):
         (staging / group / venv.relative_to("/")).mkdir(parents=True, exist_ok=True)
-        _compile(staging / group)
+        _compile(staging / group, python)
         _normalise(staging / group)
     return counts
 
