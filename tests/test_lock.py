@@ -473,8 +473,7 @@ def test_every_vllm_example_lock_serves_its_recipe_gpu_and_labels_follow_the_cut
         files = render_context(recipe, served, matrix, lock=lock)
         label = next(line for line in files["Dockerfile"].splitlines() if "org.imgfab.archs=" in line)
         for cut in lock.cubins_cut:
-            sm, suffix = int(cut[2:].rstrip("af")), cut[-1] if cut[-1] in "af" else ""
-            assert not any(stage.runs_on(sm, suffix, a) for a in served.archs), (path.name, cut)
+            assert not any(stage.runs_on(*stage.arch_label(cut), a) for a in served.archs), (path.name, cut)
         assert ",".join(served.archs) in label
 
 

@@ -177,7 +177,7 @@ class Lock:
     def serving_archs(self, archs: tuple[str, ...]) -> tuple[str, ...]:
         """``archs`` (an image's kernel architectures) without those a cut cubin was built
         for: once its kernels are gone, the image no longer serves such a GPU fully."""
-        cut = [(int(a[2:].rstrip("af")), a[-1] if a[-1] in "af" else "") for a in self.cubins_cut]
+        cut = [stage.arch_label(a) for a in self.cubins_cut]
         return tuple(a for a in archs if not any(stage.runs_on(sm, suffix, a) for sm, suffix in cut))
 
     def layers(self) -> list[str]:
@@ -278,8 +278,7 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
     if request.serves:
         head.append(f"# serves: {' '.join(request.serves)} (the recipe's {request.gpu or 'GPU'}: a cubin file "
                     "no such GPU can run is cut, and the image's arch label drops the GPUs it was for)")
-        archs = sorted(set().union(*(p.cut_archs for p in packages)),
-                       key=lambda a: (int(a[2:].rstrip("af")), a))
+        archs = sorted(set().union(*(p.cut_archs for p in packages)), key=stage.arch_label)
         if archs:
             head.append(f"# cubins-cut: {' '.join(archs)} (from the file names; imgfab-stage checks "
                         "each one's ELF header and fails on a disagreement)")

@@ -54,6 +54,15 @@ def cubin_arch(path: str) -> tuple[int, str] | None:
     return (int(found[-1][0]), found[-1][1]) if found else None
 
 
+def arch_label(label: str) -> tuple[int, str]:
+    """``(sm, suffix)`` of an architecture as a lock's ``# cubins-cut:`` line writes it
+    (``sm100f`` → (100, "f")): the same reading :func:`cubin_arch` gives a file name."""
+    match = _CUBIN_NAME_SM.fullmatch(label)
+    if match is None:
+        raise ValueError(f"not an architecture label: {label!r}")
+    return int(match.group(1)), match.group(2)
+
+
 def runs_on(sm: int, suffix: str, capability: str) -> bool:
     """Can a GPU of ``capability`` ("9.0") run SASS built for ``sm``+``suffix``? Same major
     and at least the minor; an ``a`` (architecture-specific) build only on its own GPU.
@@ -83,24 +92,25 @@ def elf_sm(header: bytes) -> int | None:
     return None
 
 
+def _header_words(lock_text: str, line: re.Pattern[str]) -> tuple[str, ...]:
+    """The words of the first lock header line ``line`` matches (its first group), or ()."""
+    for text in lock_text.splitlines():
+        match = line.match(text)
+        if match:
+            return tuple(match.group(1).split())
+    return ()
+
+
 def collisions(lock_text: str) -> tuple[str, ...]:
     """Site-packages paths the lock's ``# collisions-cut:`` line names: two distributions install
     each with different bytes (reviewed as never read when serving), and the installer's
     parallel extraction decides which one is left, so the stage removes it."""
-    for line in lock_text.splitlines():
-        match = _COLLISIONS_LINE.match(line)
-        if match:
-            return tuple(match.group(1).split())
-    return ()
+    return _header_words(lock_text, _COLLISIONS_LINE)
 
 
 def serves(lock_text: str) -> tuple[str, ...]:
     """The compute capabilities the lock's ``# serves:`` line names (none: no cubin is cut)."""
-    for line in lock_text.splitlines():
-        match = _SERVES_LINE.match(line)
-        if match:
-            return tuple(match.group(1).split())
-    return ()
+    return _header_words(lock_text, _SERVES_LINE)
 
 
 def normalize(name: str) -> str:
@@ -241,14 +251,18 @@ def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
     if missing:
         print(f"imgfab-stage: locked but not installed: {' '.join(missing)}", file=sys.stderr)
         raise SystemExit(2)
-    cut: dict[str, list[int]] = {}
+    cut: dict[str, list[int]] = {}  # kind → [files, bytes]
+
+    def remove(path: str, kind: str) -> None:
+        tally = cut.setdefault(kind, [0, 0])
+        tally[0] += 1
+        tally[1] += os.path.getsize(path)
+        os.unlink(path)
+
     for relative in collisions(text):
         path = site / relative
         if path.is_file() and not path.is_symlink():
-            cut.setdefault("collision", [0, 0])
-            cut["collision"][0] += 1
-            cut["collision"][1] += path.stat().st_size
-            path.unlink()
+            remove(str(path), "collision")
     for root, dirs, files in os.walk(venv):
         for name in sorted(files):
             path = os.path.join(root, name)
@@ -256,10 +270,7 @@ def stage(lock: Path, venv: Path, staging: Path) -> dict[str, int]:
             if kind and not os.path.islink(path):
                 if kind == "arch":
                     _cut_cubin(path, cubin_arch(path))  # type: ignore[arg-type]
-                cut.setdefault(kind, [0, 0])
-                cut[kind][0] += 1
-                cut[kind][1] += os.path.getsize(path)
-                os.unlink(path)
+                remove(path, kind)
         if "__pycache__" in dirs:
             shutil.rmtree(os.path.join(root, "__pycache__"))
             dirs.remove("__pycache__")
