@@ -109,7 +109,9 @@ def test_run_sh_argv_argument_by_argument(name, strategy, matrix, tmp_path):
                 "--shm-size", recipe.image.shm_size, "--ulimit", "memlock=-1",
                 "--ulimit", "stack=67108864", "--publish", f"{port}:{port}",
                 "--env", f"IMGFAB_PRESET={recipe.serve.preset}",
-                "--mount", f"type=bind,source=/srv/weights dir,target={recipe.model.mount_path},readonly"]
+                "--mount", f"type=bind,source=/srv/weights dir,target={recipe.model.mount_path},readonly",
+                # the compiled-kernel caches, kept across --rm runs
+                "--mount", f"type=volume,source=imgfab-{recipe.name}-cache,target=/home/imgfab/.cache"]
     if recipe.backend.trtllm_path == "engine":
         expected += ["--mount", f"type=volume,source=imgfab-{recipe.name}-engines,"
                                 f"target={trtllm.ENGINE_CACHE}"]
@@ -133,6 +135,10 @@ def test_run_sh_refuses_what_docker_would_misread(name, matrix, tmp_path):
     comma = subprocess.run(["bash", script], env=base | {"WEIGHTS_DIR": "/srv/a,readonly=false"},
                            capture_output=True, text=True)
     assert comma.returncode == 2 and "comma" in comma.stderr
+    for volume in ("v,readonly=false", "-v", "a b"):
+        bad = subprocess.run(["bash", script], env=base | {"WEIGHTS_DIR": "/srv/w", "CACHE_VOLUME": volume},
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and "volume name" in bad.stderr, (volume, bad.stderr)
     assert not log.exists(), "docker must not run on bad input"
 
 
@@ -485,3 +491,37 @@ def test_filters_quote_what_they_take():
     assert filters["shq"]("it's") == "'it'\"'\"'s'"
     assert filters["yaml"]("on") == '"on"' and yaml.safe_load(filters["yaml"]("0x1f")) == "0x1f"
     assert filters["dq"]('a"$`b') == '"a\\"\\$\\`b"'
+
+
+# --- run shapes: where serving writes code, it can execute it ---------------------------------
+
+@pytest.mark.parametrize("name", [p.stem for p in RECIPES])
+def test_compose_tmpfs_is_exec_and_matches_the_smoke_shape(name, matrix, tmp_path):
+    """Docker mounts tmpfs noexec unless told: Triton's launcher .so then fails to map
+    (`failed to map segment from shared object`), so every tmpfs compose renders says exec,
+    and the compose shape `imgfab smoke` starts is the same one."""
+    from imgfab.shapes import JIT_CACHE, shape
+
+    recipe, _, files = _render(name, "two-phase", matrix, tmp_path / "ctx")
+    service = yaml.safe_load(files["compose.yaml"])["services"][recipe.name]
+    entries = dict(entry.split(":", 1) for entry in service["tmpfs"])
+    assert set(entries) == {"/tmp", "/home/imgfab"}
+    for options in entries.values():
+        assert "exec" in options.split(",") and "noexec" not in options.split(",")
+    assert entries == shape("compose", uid=recipe.image.uid, cache=None).tmpfs
+    cache = [v for v in service["volumes"] if v["target"] == JIT_CACHE]
+    assert cache and cache[0]["type"] == "volume"
+
+
+def test_noexec_code_paths_reads_proc_mounts():
+    from imgfab.shapes import noexec_code_paths
+
+    mounts = ("overlay / overlay ro,relatime 0 0\n"
+              "tmpfs /tmp tmpfs rw,nosuid,nodev,noexec,relatime 0 0\n"
+              "tmpfs /home/imgfab tmpfs rw,nosuid,nodev,relatime,uid=10001 0 0\n"
+              "/dev/vda /home/imgfab/.cache ext4 rw,relatime 0 0\n")
+    assert noexec_code_paths(mounts) == ["/tmp"]
+    hidden = mounts + "tmpfs /tmp tmpfs rw,nosuid,nodev,relatime 0 0\n"  # mounted over again
+    assert noexec_code_paths(hidden) == []
+    root_noexec = "overlay / overlay ro,noexec 0 0\n"
+    assert noexec_code_paths(root_noexec) == ["/tmp", "/home/imgfab", "/home/imgfab/.cache"]

@@ -6,6 +6,8 @@ would give), wheels are built in memory and served by a fake HTTP session.
 
 from __future__ import annotations
 
+import re
+
 import base64
 import hashlib
 import io
@@ -180,7 +182,11 @@ def test_vllm_example_locks_are_installable_and_trtllm_ones_refused():
         else:
             assert parsed.packages and not parsed.unhashed and not parsed.refused
             assert all(hashes for _, hashes in parsed.packages.values())
-            assert not any(name.endswith("-cu13") for name in parsed.packages)
+            # one CUDA major, but for the reviewed exceptions (compat/payload.yaml)
+            majors = {name.rsplit("-cu", 1)[1] for name in parsed.packages
+                      if name.startswith("nvidia-") and re.search(r"-cu[0-9]+$", name)
+                      and name != "nvidia-cutlass-dsl-libs-cu12"}
+            assert len(majors) <= 1, (path.name, majors)
 
 
 def test_check_exits_1_naming_missing_and_stale_locks(tmp_path):
@@ -535,3 +541,21 @@ def test_stage_run_by_the_venv_it_stages_still_compiles(tmp_path, monkeypatch):
     stage.stage(lock, venv, tmp_path / "layers")
     tree = tmp_path / "layers" / "vllm-1" / venv.relative_to("/") / "lib" / "python3.12" / "site-packages"
     assert list((tree / "flashinfer_cubin" / "__pycache__").glob("__init__.*.pyc"))
+
+
+def test_a_reviewed_wheel_of_another_cuda_major_is_allowed_only_where_reviewed(matrix):
+    """nvidia-cutlass-dsl[cu13] (vLLM 0.26) requires its -libs-cu12 flavor too: reviewed in
+    compat/payload.yaml for vLLM on CUDA 13, and only there; every other mix still refuses."""
+    from imgfab.recipe import load_recipe
+    from imgfab.resolve import resolve
+
+    mixed = [_pkg("nvidia-cutlass-dsl-libs-cu12"), _pkg("nvidia-cutlass-dsl-libs-cu13"),
+             _pkg("nvidia-nccl-cu13")]
+    recipe = load_recipe(REPO / "recipes" / "qwen2-7b-h200.yaml")
+    request = lockmod.payload_request(recipe, resolve(recipe, matrix).stack)
+    assert request.other_majors_allowed == ("nvidia-cutlass-dsl-libs-cu12",)
+    lockmod.check_cuda_majors(mixed, request.other_majors_allowed)
+    with pytest.raises(CompatibilityError, match="2 majors"):
+        lockmod.check_cuda_majors(mixed + [_pkg("nvidia-nccl-cu12")], request.other_majors_allowed)
+    old = load_recipe(REPO / "recipes" / "qwen2-7b-h100.yaml")
+    assert lockmod.payload_request(old, resolve(old, matrix).stack).other_majors_allowed == ()

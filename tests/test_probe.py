@@ -79,6 +79,18 @@ def test_passing_host(write_labels):
     assert report.lines()[-1] == "probe: exit 0 (all checks passed)"
 
 
+def test_driver_line_names_the_runtime_that_sets_the_floor(write_labels):
+    """The floor comes from the payload's CUDA runtime (13.0.2 for torch 2.11), not from the
+    base image's patch release (13.0.3): the line names the one that decides."""
+    labels = write_labels({"cuda": "13.0.3", "cuda.runtime": "13.0.2", "driver.floor": "580.95.05",
+                           "driver.strict_floor": "580.95.05"})
+    report = run(labels)
+    assert lines_of(report, "driver") == [
+        "PASS driver: driver 580.95.05 ≥ 580.95.05 (CUDA 13.0.2, strict)"]
+    old = run(labels, nvml=FakeNvml(driver="575.57.08"))
+    assert "the strict floor for CUDA 13.0.2;" in lines_of(old, "driver")[0]
+
+
 def test_floor_above_host_driver_is_host_wrong(write_labels):
     report = run(write_labels(), nvml=FakeNvml(driver="535.104.05"))
     assert report.exit_code == probe.EXIT_HOST_WRONG

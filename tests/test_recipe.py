@@ -126,3 +126,21 @@ def test_property_any_mutation_is_valid_or_recipe_error(base, path, value):
     except RecipeError as error:
         line = error.one_line()
         assert line and "\n" not in line and "Traceback" not in line
+
+
+def test_an_unwritten_max_input_len_never_refuses_a_recipe():
+    """engine.max_input_len reaches only trtllm-build: left out, it is 4096 capped at
+    max_seq_len, so a vLLM recipe with max_seq_len 2048 parses; written, it is checked."""
+    from imgfab.errors import RecipeError
+    from imgfab.recipe import parse_recipe
+
+    base = {"name": "short", "model": {"id": "/models/m"}, "backend": {"name": "vllm"},
+            "target": {"gpu": "H100-SXM", "driver": ">=580.95.05"},
+            "image": {"repository": "llm/short"}}
+    recipe = parse_recipe(base | {"engine": {"max_seq_len": 2048}})
+    assert recipe.engine.max_input_len == 2048
+    assert parse_recipe(base | {"engine": {"max_seq_len": 32768}}).engine.max_input_len == 4096
+    assert parse_recipe(base).engine.max_input_len == 4096
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(base | {"engine": {"max_seq_len": 2048, "max_input_len": 4096}})
+    assert caught.value.field == "engine.max_input_len"

@@ -279,3 +279,133 @@ def test_engine_unreachable_is_one_line(monkeypatch):
     assert exc.value.one_line() == (
         "engine: cannot reach the Docker engine: Error while fetching server API version; "
         "fix: start Docker, or point DOCKER_HOST at a running engine")
+
+
+# --- run shapes ---------------------------------------------------------------------------------
+
+class ShapeEngine(ServerEngine):
+    """ServerEngine that also answers `cat /proc/mounts` with a chosen mount table and records
+    which cache volumes were removed."""
+
+    def __init__(self, tmp_path: Path, mounts: str, *server_args: str):
+        super().__init__(tmp_path, *server_args)
+        self.mounts = mounts
+        self.volumes_removed: list[str] = []
+        self.runs: list[dict] = []
+
+    def run_container(self, image: str, **kwargs):
+        self.runs.append(dict(kwargs))
+        return super().run_container(image, **kwargs)
+
+    def exec_in(self, proc, command, *, env=None):
+        if command == ["cat", "/proc/mounts"]:
+            return 0, self.mounts
+        return super().exec_in(proc, command, env=env)
+
+    def remove_volume(self, name: str) -> None:
+        self.volumes_removed.append(name)
+
+
+GOOD_MOUNTS = ("overlay / overlay ro 0 0\ntmpfs /tmp tmpfs rw,nosuid,nodev 0 0\n"
+               "tmpfs /home/imgfab tmpfs rw,nosuid,nodev,uid=10001 0 0\n")
+
+
+def test_every_shape_is_started_with_its_own_options_and_reported(tmp_path, monkeypatch):
+    from imgfab.smoke_shapes import smoke_shapes
+
+    monkeypatch.setattr(smoke, "GpuMemorySampler", NoGpu)
+    fake = ShapeEngine(tmp_path, GOOD_MOUNTS)
+    settings = smoke.RunSettings(health_timeout_s=10, poll_interval_s=0.05, completions=True)
+    report = smoke_shapes("registry.local/llm:1", settings, ("runsh", "compose", "k8s"), uid=10001,
+                          engine=fake)
+    assert report.passed, [r.failures for r in report.shapes]
+    assert [r.shape for r in report.shapes] == ["runsh", "compose", "k8s"]
+    runsh, compose, k8s = fake.runs
+    volume = runsh["volumes"][0][0]
+    assert runsh["read_only"] is False and runsh["volumes"] == [(volume, "/home/imgfab/.cache")]
+    assert compose["read_only"] is True and compose["volumes"] == runsh["volumes"]
+    assert all("exec" in o.split(",") for o in compose["tmpfs"].values())
+    assert k8s["read_only"] is True and k8s["cap_drop"] == ["ALL"]
+    assert k8s["security_opt"] == ["no-new-privileges"] and k8s["user"] == "10001:10001"
+    assert k8s["volumes"] == [(None, "/tmp"), (None, "/home/imgfab")] and not k8s["tmpfs"]
+    assert fake.volumes_removed == [volume], "a cache volume smoke made is removed"
+    assert all(r.log_tail for r in report.shapes), "the log of a passing start is kept too"
+
+
+def test_a_noexec_code_path_fails_its_shape(tmp_path, monkeypatch):
+    """Docker's tmpfs default (noexec) broke Triton in the compose shape: smoke must see it."""
+    from imgfab.smoke_shapes import smoke_shapes
+
+    monkeypatch.setattr(smoke, "GpuMemorySampler", NoGpu)
+    fake = ShapeEngine(tmp_path, GOOD_MOUNTS.replace("rw,nosuid,nodev 0", "rw,nosuid,nodev,noexec 0"))
+    settings = smoke.RunSettings(health_timeout_s=10, poll_interval_s=0.05)
+    report = smoke_shapes("registry.local/llm:1", settings, ("compose",), uid=10001,
+                          cache_volume="kept", engine=fake)
+    (result,) = report.shapes
+    assert not report.passed and result.noexec == ["/tmp"]
+    assert result.failures[0].startswith("mounts: /tmp mounted noexec in the compose shape")
+    assert fake.volumes_removed == [], "a named --cache-volume stays"
+
+
+def test_engine_run_container_passes_the_shape_options(monkeypatch):
+    docker = pytest.importorskip("docker")
+    containers = FakeContainers()
+    monkeypatch.setattr(docker, "from_env", lambda: FakeClient(containers))
+    engine.run_container("img:1", gpus=None, read_only=True, tmpfs={"/tmp": "exec,mode=1777"},
+                         volumes=[(None, "/tmp2"), ("cache", "/home/imgfab/.cache")],
+                         cap_drop=["ALL"], security_opt=["no-new-privileges"], user="10001:10001",
+                         group_add=["10001"], devices=["/dev/nvidia0"], network_mode="host",
+                         ports={8000: ("127.0.0.1", 8000)})
+    kwargs = containers.kwargs
+    assert kwargs["read_only"] is True and kwargs["tmpfs"] == {"/tmp": "exec,mode=1777"}
+    assert [(m["Type"], m.get("Source"), m["Target"]) for m in kwargs["mounts"]] == [
+        ("volume", None, "/tmp2"), ("volume", "cache", "/home/imgfab/.cache")]
+    assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"] == ["no-new-privileges"]
+    assert kwargs["devices"] == ["/dev/nvidia0:/dev/nvidia0:rwm"]
+    assert kwargs["network_mode"] == "host" and kwargs["ports"] is None
+
+
+def test_synthetic_model_generator_writes_a_loadable_checkpoint(tmp_path):
+    """The generator runs inside the image with its own numpy, safetensors and tokenizers;
+    here it runs with the test environment's, and the checkpoint is checked by reading the
+    safetensors header (every weight of the architecture, the shapes config.json implies)."""
+    pytest.importorskip("numpy")
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    import struct
+
+    from imgfab import synthetic_model
+
+    script = Path(synthetic_model.__file__).read_text()
+    for architecture in synthetic_model.ARCHITECTURES:
+        out = tmp_path / architecture
+        done = subprocess.run([sys.executable, "-", str(out), architecture], input=script,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == [architecture]
+        assert config["vocab_size"] == summary["vocab_size"] > 256
+        data = (out / "model.safetensors").read_bytes()
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + size])
+        header.pop("__metadata__")
+        expected = synthetic_model.tensor_shapes(architecture, config["vocab_size"])
+        assert {k: tuple(v["shape"]) for k, v in header.items()} == expected
+        assert ("model.layers.0.self_attn.q_proj.bias" in header) == (architecture == "Qwen2ForCausalLM")
+        tokenizer = json.loads((out / "tokenizer.json").read_text())
+        assert {t["content"] for t in tokenizer["added_tokens"]} >= {"<|im_end|>", "<|endoftext|>"}
+        assert "<|im_start|>" in json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
+    bad = subprocess.run([sys.executable, "-", str(tmp_path / "x"), "GPT2LMHeadModel"], input=script,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_smoke_cli_needs_weights_or_synthetic_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "imgfab.cli", "smoke", "img:1"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--weights" in result.stderr and "--synthetic-model" in result.stderr
+    bad = subprocess.run([sys.executable, "-m", "imgfab.cli", "smoke", "img:1", "--synthetic-model",
+                          "--mount", "/a,b:/c"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--mount" in bad.stderr and bad.stderr.count("\n") == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -22,20 +23,75 @@ def _recipe(gpu: str, driver: str = ">=580.65.06", kv: str = "auto", **extra):
 @pytest.mark.parametrize(("gpu", "kv", "flavor", "jit"), [
     ("H100-SXM", "fp8", "base", ()),            # Hopper: FlashAttention 3 serves fp8 KV
     ("L4", "auto", "base", ()),                 # Ada without fp8 KV: FlashAttention 2
-    ("L40S", "fp8", "devel", ("flashinfer-jit",)),  # Ada + fp8 KV: FlashInfer JIT
-    ("B200", "auto", "devel", ("flashinfer-jit",)),  # every Blackwell target
+    ("L40S", "fp8", "devel", ("flashinfer-attention",)),  # Ada + fp8 KV: FlashInfer JIT
+    ("B200", "auto", "devel", ("flashinfer-attention",)),  # Blackwell 10.x: FlashInfer first
+    ("T4", "auto", "devel", ("flashinfer-attention",)),  # Turing: no FlashAttention
 ])
-def test_vllm_runtime_flavor_follows_the_jit_rules(gpu, kv, flavor, jit, matrix):
+def test_vllm_019_runtime_flavor_follows_the_attention_rules(gpu, kv, flavor, jit, matrix):
+    """Driver 580.65.06 resolves vLLM 0.19.1 (sampler off by default there)."""
     from imgfab.resolve import resolve
 
     stack = resolve(_recipe(gpu, kv=kv), matrix).stack
+    assert stack.backend_version.startswith("0.19") or gpu == "T4", stack.backend_version
     assert stack.runtime_flavor == flavor and stack.runtime_image.endswith(f"-{flavor}-{stack.os}")
     assert stack.jit == jit
     assert {"gcc", "libc6-dev", "python3-dev"} <= set(stack.runtime_toolchain)
     assert ("nvcc" in stack.runtime_toolchain) == bool(jit)
+    assert stack.cuda_home == ("/usr/local/cuda" if jit else "")
+    assert not stack.payload_toolchain
     if jit:
-        assert any("flashinfer-jit" in note for note in stack.notes)
-        assert any("jit flashinfer-jit" in u for u in stack.unconfirmed)  # confirmed: false rows
+        assert any("flashinfer-attention (nvidia/cuda devel)" in note for note in stack.notes)
+        assert not any("jit flashinfer" in u for u in stack.unconfirmed)  # rows read at tags
+
+
+@pytest.mark.parametrize(("gpu", "version", "jit"), [
+    ("H200", "==0.26.0", ("flashinfer-sampler",)),   # the case that crashed on -base
+    ("H100-SXM", "==0.21.0", ("flashinfer-sampler",)),  # the default turned on in 0.21.0
+    ("L4", None, ("flashinfer-sampler",)),            # newest release: every GPU in 8.0-12.1
+    ("B200", "==0.24.0", ("flashinfer-sampler",)),
+    ("H100-SXM", "==0.20.2", ()),                     # 0.20.x: sampler off by default
+])
+def test_vllm_021_and_later_carry_the_payload_toolchain(gpu, version, jit, matrix):
+    """vLLM >= 0.21 samples with FlashInfer by default: its kernels compile at the first start,
+    so the runtime stays -base but carries nvcc from the payload (CUDA_HOME view)."""
+    from imgfab.resolve import resolve
+
+    backend = {"name": "vllm"} | ({"version": version} if version else {})
+    stack = resolve(_recipe(gpu, driver=">=580.95.05", backend=backend), matrix).stack
+    assert stack.jit == jit, (stack.backend_version, stack.jit)
+    assert stack.runtime_flavor == "base"
+    if jit:
+        assert stack.cuda_home == "/opt/imgfab/cuda"
+        assert {"g++", "nvcc"} <= set(stack.runtime_toolchain) and "g++" in stack.runtime_packages
+        torch_toolkit = matrix.torch[stack.torch].cuda_runtime
+        assert stack.payload_toolchain == (f"cuda-toolkit[cccl,crt,nvcc,nvvm]=={torch_toolkit}",)
+        assert any("sampl" in line for line in stack.jit_compiles)
+    else:
+        assert stack.cuda_home == "" and not stack.payload_toolchain
+
+
+def test_turing_leaves_flashinfer_from_vllm_024(matrix):
+    """FlashInfer's floor moved to 8.0 in vLLM 0.24.0 (flashinfer-ai/flashinfer#3620)."""
+    from imgfab.toolchain import runtime_plan
+
+    profile = matrix.profiles["vllm"]
+    def plan(version):
+        return runtime_plan(profile, backend_version=version, compute_capability="7.5",
+                            kv_cache_dtype="auto", precision="bf16", cuda_major="13")
+    assert plan("0.23.0").jit == ("flashinfer-sampler",)
+    assert plan("0.24.0").jit == ()
+    assert runtime_plan(profile, backend_version="0.10.1", compute_capability="7.0",
+                        kv_cache_dtype="auto", precision="bf16", cuda_major="12").flavor == "devel"
+    assert runtime_plan(profile, backend_version="0.10.0", compute_capability="9.0",
+                        kv_cache_dtype="auto", precision="bf16", cuda_major="12").jit == ()
+
+
+def test_payload_toolchain_on_cuda_12_is_refused(matrix):
+    from imgfab.toolchain import PayloadToolchainUnavailable, runtime_plan
+
+    with pytest.raises(PayloadToolchainUnavailable, match="CUDA 12"):
+        runtime_plan(matrix.profiles["vllm"], backend_version="0.26.0", compute_capability="9.0",
+                     kv_cache_dtype="auto", precision="bf16", cuda_major="12")
 
 
 def test_verify_allows_exactly_the_stacks_toolchain(matrix):
@@ -71,7 +127,8 @@ def test_missing_flavor_is_refused_at_resolve_with_the_fix(tmp_path):
     backends = yaml.safe_load((compat / "backends.yaml").read_text())
     vllm = next(b for b in backends["backends"] if b["backend"] == "vllm")
     for rule in vllm["jit_toolchains"]:
-        rule["runtime_flavor"] = "runtime"
+        if rule.get("toolchain") == "image":
+            rule["runtime_flavor"] = "runtime"
     (compat / "backends.yaml").write_text(yaml.safe_dump(backends))
     images = yaml.safe_load((compat / "cuda_images.yaml").read_text())
     for row in images["images"]:
@@ -82,7 +139,7 @@ def test_missing_flavor_is_refused_at_resolve_with_the_fix(tmp_path):
         resolve(_recipe("L40S", kv="fp8"), matrix)
     assert caught.value.field == "engine.kv_cache_dtype"
     assert caught.value.fix == "engine.kv_cache_dtype: auto"
-    assert "flashinfer-jit" in str(caught.value)
+    assert "flashinfer-attention" in str(caught.value)
     assert resolve(_recipe("L40S"), matrix).stack.runtime_flavor == "base"
 
 
@@ -133,3 +190,32 @@ def test_driver_floor_terms_encode_greater_or_equal():
     assert matches("535.104.05") and matches("535.104.12") and matches("535.129.03")
     assert matches("550.54.15") and not matches("535.104.04") and not matches("535.86.10")
     assert not matches("470.57.02")
+
+
+def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(matrix):
+    """The H200 recipe (vLLM 0.26.0): CUDA_HOME is the view of the payload's nvidia/cu13
+    tree, made in the OS layer (links, libcudart.so, a libcuda.so link stub), and the lock is
+    asked for the toolchain's cuda-toolkit wheels at torch's release."""
+    from imgfab.lock import payload_request
+    from imgfab.recipe import load_recipe
+    from imgfab.render import render_context
+    from imgfab.resolve import resolve
+
+    recipe = load_recipe(REPO / "recipes" / "qwen2-7b-h200.yaml")
+    stack = resolve(recipe, matrix).stack
+    files = render_context(recipe, stack, matrix)
+    dockerfile = files["Dockerfile"]
+    tree = "/opt/venv/lib/python3.12/site-packages/nvidia/cu13"
+    assert "CUDA_HOME=/opt/imgfab/cuda \\" in dockerfile
+    assert f'ln -s "{tree}/$part" "/opt/imgfab/cuda/$part"' in dockerfile
+    assert "ln -s ../lib/libcudart.so.13 /opt/imgfab/cuda/lib64/libcudart.so" in dockerfile
+    assert "-Wl,-soname,libcuda.so.1 -o /opt/imgfab/cuda/lib64/stubs/libcuda.so" in dockerfile
+    assert "apt-get install -y --no-install-recommends g++ gcc" in dockerfile
+    labels = json.loads(files["image.json"])
+    assert labels["org.imgfab.jit"] == "flashinfer-sampler"
+    assert "sampling kernels" in labels["org.imgfab.jit.compiles"]
+    pins = payload_request(recipe, stack).pins
+    assert "cuda-toolkit[cccl,crt,nvcc,nvvm]==13.0.2" in pins
+    lock = (REPO / "recipes" / "qwen2-7b-h200.lock").read_text()
+    for wheel in ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88"):
+        assert f"\n{wheel} " in lock, wheel

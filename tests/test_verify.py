@@ -62,3 +62,42 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     verify._store_layer("k", {"matched": [["usr/bin/gcc", "file"]], "weights": [], "secrets": []})
     assert verify._load_layer("k")["matched"] == [["usr/bin/gcc", "file"]]
     assert verify._load_layer("missing") is None
+
+
+def test_payload_toolchain_view_needs_the_payloads_toolkit(policy, tmp_path):
+    """A CUDA_HOME view of the payload's toolkit (toolchain: payload) fails verify when the
+    payload lacks what it points at; the venv's nvcc is a payload note, not a tool failure."""
+    from dataclasses import replace
+
+    from imgfab.verify import _LayerScan
+
+    tree = "opt/venv/lib/python3.12/site-packages/nvidia/cu13"
+    layer = tmp_path / "diff"
+    for path in ("bin/nvcc", "nvvm/bin/cicc", "include/cuda_runtime.h", "lib/libcudart.so.13"):
+        (layer / tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (layer / tree / path).write_text("x")
+    full = _scan_directory(layer, "models/m", policy)
+    (layer / tree / "bin/nvcc").unlink()
+    partial = _scan_directory(layer, "models/m", policy)
+    viewing = replace(policy, payload_toolkit=tuple(verify.PAYLOAD_TOOLKIT), declared_toolchain=())
+    for result, ok in ((full, True), (partial, False)):
+        scan = _LayerScan(order=["l0"])
+        scan.merge("l0", result, set())
+        findings = {f.check: f for f in scan.findings(viewing)}
+        assert findings["cuda_home"].passed is ok, findings["cuda_home"].detail
+        assert findings["tools"].passed, findings["tools"].detail
+        if not ok:
+            assert "nvcc" in findings["cuda_home"].detail
+    assert any("nvcc (Python wheel)" in n for n in scan.notes + _notes(full, policy))
+    plain = _LayerScan(order=["l0"])
+    plain.merge("l0", partial, set())
+    assert "cuda_home" not in {f.check for f in plain.findings(policy)}
+
+
+def _notes(result, policy):
+    from imgfab.verify import _LayerScan
+
+    scan = _LayerScan(order=["l0"])
+    scan.merge("l0", result, set())
+    scan.findings(policy)
+    return scan.notes

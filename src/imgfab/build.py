@@ -331,17 +331,24 @@ def _base_diff_ids(ref: str) -> tuple[str, ...]:
 
 
 def _smoke(image: str, recipe: Any, options: BuildOptions) -> dict[str, Any]:
-    from imgfab.smoke import RunSettings, smoke_image  # noqa: PLC0415
+    """The image in every run shape (run.sh, compose, k8s), as ``imgfab smoke`` starts it."""
+    from imgfab.shapes import SHAPES  # noqa: PLC0415
+    from imgfab.smoke import RunSettings  # noqa: PLC0415
+    from imgfab.smoke_shapes import smoke_shapes  # noqa: PLC0415
 
     gpus: Any = None if options.smoke_gpus == "none" else options.smoke_gpus
     ulimits = {"memlock": -1, "stack": 67108864} if options.smoke_memlock else {"stack": 67108864}
     settings = RunSettings(gpus=gpus, shm_size=recipe.image.shm_size, ulimits=ulimits,
                            mounts=((str(Path(options.weights).resolve()),
                                     recipe.model.mount_path, True),),
-                           container_port=recipe.serve.port)
-    report = smoke_image(image, settings)
-    return {"passed": report.passed, "failures": report.failures,
-            "ttft_ms": report.ttft_ms, "tokens_per_s": report.tokens_per_s}
+                           container_port=recipe.serve.port, completions=True)
+    report = smoke_shapes(image, settings, SHAPES, uid=recipe.image.uid,
+                          weights=str(options.weights))
+    return {"passed": report.passed,
+            "failures": [f"{r.shape}: {f}" for r in report.shapes for f in r.failures],
+            "shapes": {r.shape: {"passed": r.passed, "healthy_after_s": r.healthy_after_s,
+                                 "ttft_ms": r.ttft_ms, "tokens_per_s": r.tokens_per_s}
+                       for r in report.shapes}}
 
 
 class BuildProgress:

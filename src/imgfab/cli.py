@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import click
 
 from imgfab.errors import ImgfabError, RecipeError
+from imgfab.shapes import SHAPES
 
 
 class _Context:
@@ -246,38 +248,107 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
         click.echo(best.image.reference)
 
 
+def _mount_option(value: str) -> tuple[str, str, bool]:
+    """``SRC:DST[:ro]`` → a bind mount (absolute paths, no commas: they reach --mount)."""
+    parts = value.split(":")
+    read_only = len(parts) == 3 and parts[2] == "ro"
+    if len(parts) not in (2, 3) or (len(parts) == 3 and not read_only) or not all(
+            p.startswith("/") and "," not in p for p in parts[:2]):
+        raise RecipeError(f"{value!r} is not SRC:DST[:ro] with absolute paths and no commas",
+                          field="--mount", fix="e.g. --mount /usr/local/nvidia:/usr/local/nvidia:ro")
+    return parts[0], parts[1], read_only
+
+
 @cli.command()
 @click.argument("image")
-@click.option("--weights", type=click.Path(file_okay=False, exists=True), required=True,
+@click.option("--weights", type=click.Path(file_okay=False, exists=True),
               help="Host directory with the weights, mounted read-only at the image's mount path.")
+@click.option("--synthetic-model", is_flag=True,
+              help="Serve a small random-weight model of the recipe's architecture, made inside "
+                   "the image (no weights needed; the report says the weights were synthetic).")
+@click.option("--architecture", help="Architecture of the synthetic model (default: compat/models.yaml "
+                                     "for the image's model id).")
+@click.option("--shape", "shape_names", multiple=True, type=click.Choice([*SHAPES, "all"]),
+              default=("all",), show_default=True,
+              help="Run shape(s): as run.sh, as compose.yaml, as k8s.yaml would start it.")
 @click.option("--gpus", default="all", show_default=True, help="GPUs for the container ('none' for none).")
-@click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health.")
+@click.option("--device", "devices", multiple=True,
+              help="A host device to pass through (e.g. /dev/nvidia0), for engines without the NVIDIA runtime.")
+@click.option("--mount", "extra_mounts", multiple=True,
+              help="An extra bind mount SRC:DST[:ro] (e.g. the host's driver libraries).")
+@click.option("--env", "extra_env", multiple=True, help="An extra variable KEY=VALUE for the container.")
+@click.option("--network", type=click.Choice(["bridge", "host"]), default="bridge", show_default=True,
+              help="host: no port publishing (engines without a bridge network).")
+@click.option("--cache-volume", help="JIT cache volume run.sh and compose share (default: a fresh one, removed after).")
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health, per shape.")
 @click.option("--no-memlock", is_flag=True,
               help="Keep the engine's memlock ulimit (for engines that cannot raise it, e.g. nested in a container).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for CI).")
-def smoke(image: str, weights: str, gpus: str, timeout_s: float, no_memlock: bool, as_json: bool) -> None:
-    """Start IMAGE with its recipe's run settings, wait for health, ask for completions, report."""
+def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: str | None,
+          shape_names: tuple[str, ...], gpus: str, devices: tuple[str, ...],
+          extra_mounts: tuple[str, ...], extra_env: tuple[str, ...], network: str,
+          cache_volume: str | None, timeout_s: float, no_memlock: bool, as_json: bool) -> None:
+    """Start IMAGE in each run shape with its recipe's settings, wait for health, ask /v1/models,
+    /v1/completions and /v1/chat/completions (streamed), and report each shape."""
     from imgfab import engine
-    from imgfab.smoke import RunSettings, smoke_image
+    from imgfab import smoke_shapes as runner
+    from imgfab.smoke import RunSettings
 
-    labels = (engine.inspect_image(image).get("Config") or {}).get("Labels") or {}
+    if bool(weights) == synthetic_model:
+        raise RecipeError("give either --weights DIR or --synthetic-model", field="--weights",
+                          fix="--synthetic-model proves start-up and serving without the weights")
+    mounts = [_mount_option(m) for m in extra_mounts]
+    env = {}
+    for item in extra_env:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise RecipeError(f"{item!r} is not KEY=VALUE", field="--env", fix="e.g. --env LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
+        env[key] = value
+    config = engine.inspect_image(image).get("Config") or {}
+    labels = config.get("Labels") or {}
     if "org.imgfab.model.mount" not in labels:
         raise RecipeError(f"{image} has no org.imgfab labels", field="IMAGE", fix="smoke an image built by imgfab")
-    ulimits = {"stack": 67108864} if no_memlock else {"memlock": -1, "stack": 67108864}
-    settings = RunSettings(
-        gpus=None if gpus == "none" else gpus, shm_size=int(labels["org.imgfab.shm.min_bytes"]),
-        ulimits=ulimits,
-        mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True),),
-        container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s)
-    report = smoke_image(image, settings, engine)
+    uid = runner.image_uid(str(config.get("User") or ""))
+    names = SHAPES if "all" in shape_names else tuple(dict.fromkeys(shape_names))
+    directory, note = None, ""
+    if synthetic_model:
+        architecture = architecture or runner.model_architecture(labels.get("org.imgfab.model.id", ""))
+        if architecture is None:
+            raise RecipeError(f"compat/models.yaml has no architecture for {labels.get('org.imgfab.model.id')}",
+                              field="--architecture", fix="name it, e.g. --architecture LlamaForCausalLM")
+        directory = runner.synthetic_directory()
+        weights = str(directory)
+        note = runner.SYNTHETIC_NOTE.format(architecture=architecture)
+    try:
+        if directory is not None:
+            runner.make_synthetic_model(image, directory, architecture, mounts=mounts, engine=engine)
+        ulimits = {"stack": 67108864} if no_memlock else {"memlock": -1, "stack": 67108864}
+        settings = RunSettings(
+            gpus=None if gpus == "none" else gpus, shm_size=int(labels["org.imgfab.shm.min_bytes"]),
+            ulimits=ulimits,
+            mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True), *mounts),
+            env=env, devices=devices, network=None if network == "bridge" else network,
+            container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
+            completions=True, extra_body=dict(runner.SYNTHETIC_BODY) if synthetic_model else {})
+        report = runner.smoke_shapes(image, settings, names, uid=uid, cache_volume=cache_volume,
+                                     engine=engine, weights=str(weights), synthetic_note=note)
+    finally:
+        if directory is not None:
+            runner.remove_directory(directory)
     if as_json:
         click.echo(report.to_json())
     else:
-        state = "passed" if report.passed else "FAILED"
-        click.echo(f"smoke {state}: ttft {report.ttft_ms} ms, {report.tokens_per_s} tokens/s, "
-                   f"models {', '.join(report.model_ids) or '-'}")
-        for failure in report.failures:
-            click.echo(f"  {failure}")
+        if note:
+            click.echo(f"weights: {note}")
+        for shape in report.shapes:
+            state = "passed" if shape.passed else "FAILED"
+            started = f"{shape.healthy_after_s:.1f} s" if shape.healthy_after_s is not None else "-"
+            click.echo(f"smoke {shape.shape} {state}: healthy after {started}, ttft {shape.ttft_ms} ms, "
+                       f"{shape.tokens_per_s} tokens/s, models {', '.join(shape.model_ids) or '-'}")
+            for failure in shape.failures:
+                click.echo(f"  {failure}")
+        for line in report.notes:
+            click.echo(f"note: {line}")
     sys.exit(0 if report.passed else 1)
 
 

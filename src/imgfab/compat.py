@@ -428,7 +428,10 @@ _SPECIFIER = r"[<>=!~]{0,3}[ ]*[0-9A-Za-z.*+_-]{1,64}([ ]*,[ ]*[<>=!~]{1,3}[ ]*[
 _FIELD_PATTERNS: dict[str, str] = {
     "version": _VERSION, "cuda": _VERSION, "min_driver": r"([0-9]{1,4}(\.[0-9]{1,4}){0,2})?",
     "os": r"[a-z][a-z0-9.]{0,31}", "name": r"[A-Za-z0-9][A-Za-z0-9 ._()-]{0,63}",
-    "flavors": r"[a-z][a-z0-9-]{0,31}", "runtime_flavor": r"[a-z][a-z0-9-]{0,31}",
+    "flavors": r"[a-z][a-z0-9-]{0,31}", "runtime_flavor": r"([a-z][a-z0-9-]{0,31})?",
+    "toolchain": r"image|payload", "backend_versions": rf"({_SPECIFIER})?",
+    # a PEP 508 name with extras (no version: the lock pins it), e.g. cuda-toolkit[nvcc,nvvm]
+    "payload_requirements": r"[a-z0-9][a-z0-9._-]{0,63}(\[[a-z0-9][a-z0-9,._-]{0,127}\])?",
     "python": rf"({_SPECIFIER})?", "torch": rf"({_SPECIFIER})?", "tensorrt": rf"({_SPECIFIER})?",
     "compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
     "cuda_archs": r"[0-9]{1,2}\.[0-9]{1,2}[af]?", "python_versions": r"[0-9]\.[0-9]{1,2}",

@@ -47,14 +47,23 @@ def run_container(image: str, *, gpus: str | int | list[str] | None = "all",
                   ulimits: dict[str, int | tuple[int, int]] | None = None,
                   mounts: list[tuple[str, str, bool]] | None = None,
                   ports: dict[int | str, int | tuple[str, int]] | None = None,
-                  env: dict[str, str] | None = None, name: str | None = None) -> Any:
+                  env: dict[str, str] | None = None, name: str | None = None,
+                  read_only: bool = False, tmpfs: dict[str, str] | None = None,
+                  volumes: list[tuple[str | None, str]] | None = None,
+                  cap_drop: list[str] | None = None, security_opt: list[str] | None = None,
+                  user: str | None = None, group_add: list[str] | None = None,
+                  devices: list[str] | None = None, network_mode: str | None = None) -> Any:
     """Start ``image`` detached and return the SDK's ``Container``.
 
     ``gpus``: ``"all"``, a count, a list of device ids or UUIDs, or None for no GPU (as
     ``docker run --gpus``). ``shm_size``: bytes or ``"16g"``. ``ulimits``: name → limit or
     ``(soft, hard)`` (``-1`` = unlimited). ``mounts``: ``(host path, container path,
     read_only)`` bind mounts. ``ports``: container port → host port or ``(host ip, host
-    port)``. Raises :class:`EngineError` (image missing, GPU runtime missing, name taken, …).
+    port)``. ``read_only``, ``tmpfs`` (path → options), ``volumes`` (``(name or None for an
+    anonymous one, container path)``), ``cap_drop``, ``security_opt``, ``user``,
+    ``group_add``, ``devices`` (``/dev/x`` or ``host:container``) and ``network_mode`` are
+    ``docker run``'s options of those names. Raises :class:`EngineError` (image missing, GPU
+    runtime missing, name taken, …).
     """
     from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
     from docker.types import DeviceRequest, Mount, Ulimit  # noqa: PLC0415
@@ -70,8 +79,10 @@ def run_container(image: str, *, gpus: str | int | list[str] | None = "all",
     limits = [Ulimit(name=key, soft=value[0], hard=value[1]) if isinstance(value, tuple)
               else Ulimit(name=key, soft=value, hard=value)
               for key, value in sorted((ulimits or {}).items())]
-    binds = [Mount(target=target, source=source, type="bind", read_only=read_only)
-             for source, target, read_only in (mounts or [])]
+    binds = [Mount(target=target, source=source, type="bind", read_only=ro)
+             for source, target, ro in (mounts or [])]
+    binds += [Mount(target=target, source=source, type="volume")
+              for source, target in (volumes or [])]
     published = {f"{port}/tcp" if str(port).isdigit() else str(port): host
                  for port, host in (ports or {}).items()}
     client = _client()
@@ -79,7 +90,13 @@ def run_container(image: str, *, gpus: str | int | list[str] | None = "all",
         return client.containers.run(
             image, detach=True, name=name, environment=dict(env or {}),
             device_requests=device_requests or None, shm_size=shm_size, ulimits=limits or None,
-            mounts=binds or None, ports=published or None)
+            mounts=binds or None, ports=(published or None) if network_mode != "host" else None,
+            read_only=read_only, tmpfs=dict(tmpfs) if tmpfs else None,
+            cap_drop=list(cap_drop) if cap_drop else None,
+            security_opt=list(security_opt) if security_opt else None, user=user,
+            group_add=list(group_add) if group_add else None,
+            devices=[d if ":" in d else f"{d}:{d}:rwm" for d in devices or ()] or None,
+            network_mode=network_mode)
     except ImageNotFound:
         raise EngineError(f"image {image} is not on the engine", field="engine",
                           fix="build it (imgfab build) or docker pull it first") from None
@@ -151,6 +168,19 @@ def remove_container(container: Any) -> None:
     except DockerException as exc:
         raise EngineError(f"cannot remove container {container.name}: {_one_line(exc)}",
                           field="engine", fix=f"docker rm -f {container.name}") from None
+
+
+def remove_volume(name: str) -> None:
+    """Remove the named volume; gone already is fine."""
+    from docker.errors import DockerException, NotFound  # noqa: PLC0415
+
+    try:
+        _client().volumes.get(name).remove(force=True)
+    except NotFound:
+        return
+    except DockerException as exc:
+        raise EngineError(f"cannot remove volume {name}: {_one_line(exc)}", field="engine",
+                          fix=f"docker volume rm {name}") from None
 
 
 def push_image(local_ref: str, repository: str, tag: str, *,
@@ -519,12 +549,18 @@ def compile_caps() -> tuple[bool, bool]:
 
 
 def run_python(image: str, script: str, args: list[str] | tuple[str, ...] = (), *,
-               timeout_s: int = 600) -> str:
+               timeout_s: int = 600, mounts: list[tuple[str, str, bool]] | None = None,
+               env: dict[str, str] | None = None) -> str:
     """Run ``script`` with the image's ``/opt/venv/bin/python`` (stdin, no network, no GPU) and
-    return its stdout. Raises :class:`EngineError` with the gist of stderr on failure."""
+    return its stdout. ``mounts``: ``(host path, container path, read_only)`` binds; ``env``:
+    extra variables. Raises :class:`EngineError` with the gist of stderr on failure."""
     cli = os.environ.get("IMGFAB_DOCKER_CLI") or shutil.which("docker") or "docker"
-    command = [cli, "run", "--rm", "-i", "--network", "none", "--entrypoint", "/opt/venv/bin/python",
-               image, "-", *args]
+    options = [arg for source, target, ro in mounts or ()
+               for arg in ("--mount", f"type=bind,source={source},target={target}"
+                           + (",readonly" if ro else ""))]
+    options += [arg for key, value in sorted((env or {}).items()) for arg in ("--env", f"{key}={value}")]
+    command = [cli, "run", "--rm", "-i", "--network", "none", *options,
+               "--entrypoint", "/opt/venv/bin/python", image, "-", *args]
     try:
         done = subprocess.run(command, input=script, capture_output=True, text=True,
                               timeout=timeout_s, check=False)

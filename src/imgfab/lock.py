@@ -83,6 +83,9 @@ class PayloadRequest:
     collisions_allowed: tuple[tuple[str, tuple[str, ...]], ...] = ()
     serves: tuple[str, ...] = ()  # compute capabilities whose cubins stay (the recipe's GPU)
     gpu: str = ""  # the recipe's GPU, for the header
+    # reviewed nvidia-*-cuNN wheels of another CUDA major that this stack's payload may hold
+    # (compat/payload.yaml cuda_major_exceptions, for this backend and CUDA major)
+    other_majors_allowed: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         data = {"format": LOCK_FORMAT, "pins": self.pins, "python": self.python,
@@ -91,6 +94,8 @@ class PayloadRequest:
                 "default_index": self.default_index, "installer": self.installer, "plan_limit": PLAN_LIMIT,
                 "collisions_allowed": self.collisions_allowed, "layer_limit": LAYER_LIMIT,
                 "groups": GROUPS, "serves": self.serves}
+        if self.other_majors_allowed:  # absent for stacks no exception concerns (their locks keep their fingerprint)
+            data["other_majors_allowed"] = self.other_majors_allowed
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
 
     def index_of(self, name: str) -> str:
@@ -148,7 +153,11 @@ def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> 
         installer=_installer_line(data),
         collisions_allowed=tuple(sorted((row["path"], tuple(sorted(stage.normalize(n) for n in row["packages"])))
                                         for row in data.get("file_collisions_allowed", []))),
-        serves=(stack.compute_capability,), gpu=stack.gpu)
+        serves=(stack.compute_capability,), gpu=stack.gpu,
+        other_majors_allowed=tuple(sorted(stage.normalize(row["package"])
+                                          for row in data.get("cuda_major_exceptions", [])
+                                          if row["backend"] == stack.backend
+                                          and str(row["cuda_major"]) == cuda_major)))
 
 
 def _installer_line(data: dict[str, Any]) -> str:
@@ -406,11 +415,13 @@ def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves:
 # ---------------------------------------------------------------- lock-time checks
 
 
-def check_cuda_majors(packages: list[LockedPackage]) -> None:
+def check_cuda_majors(packages: list[LockedPackage], allowed: tuple[str, ...] = ()) -> None:
+    """One CUDA major among the ``nvidia-*-cuNN`` wheels; ``allowed`` names reviewed wheels of
+    another major (compat/payload.yaml cuda_major_exceptions) that are left out of the count."""
     majors: dict[str, list[str]] = {}
     for package in packages:
         match = _CUDA_WHEEL.match(package.name)
-        if match:
+        if match and package.name not in allowed:
             majors.setdefault(match.group(1), []).append(package.name)
     if len(majors) > 1:
         listed = "; ".join(f"cu{m}: {' '.join(sorted(n))}" for m, n in sorted(majors.items()))
@@ -506,7 +517,7 @@ def check_packages(packages: list[LockedPackage], request: PayloadRequest, cuda:
                    index_url: str | None = None) -> None:
     """Every lock-time check; the first to fail raises :class:`CompatibilityError`."""
     check_indexes(packages, request, index_url)
-    check_cuda_majors(packages)
+    check_cuda_majors(packages, request.other_majors_allowed)
     check_torch_cuda(packages, request.cuda_major, cuda)
     check_file_collisions(packages, request.collisions_allowed)
 

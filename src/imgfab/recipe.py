@@ -210,10 +210,24 @@ class EngineSpec(_Strict):
     quantization: Quantization = Quantization.NONE
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
-    max_input_len: Annotated[int, Field(ge=16, le=1048576)] = 4096
+    max_input_len: Annotated[int, Field(ge=16, le=1048576)] = Field(
+        4096, description="TensorRT-LLM engines only (trtllm-build --max_input_len); left out, "
+                          "4096 capped at max_seq_len")
     max_seq_len: Annotated[int, Field(ge=16, le=1048576)] = 8192
     max_num_tokens: Annotated[int, Field(ge=16, le=1048576)] | None = None
     calibration: CalibrationSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_input_len(cls, data: Any) -> Any:
+        # max_input_len reaches only trtllm-build. A default the user never wrote must not
+        # refuse a recipe: when it is left out, it is the default 4096 capped at max_seq_len.
+        if isinstance(data, dict) and "max_input_len" not in data:
+            seq = data.get("max_seq_len", cls.model_fields["max_seq_len"].default)
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                default = cls.model_fields["max_input_len"].default
+                data = dict(data, max_input_len=max(16, min(default, seq)))
+        return data
 
     @model_validator(mode="after")
     def _lengths(self) -> "EngineSpec":

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from imgfab import __version__, trtllm
+from imgfab import __version__, shapes, trtllm
 from imgfab.compat import Matrix
 from imgfab.errors import RecipeError
 from imgfab.recipe import Recipe, recipe_hash
 from imgfab.resolve import Stack
 from imgfab.stage import BASE_GROUP
+from imgfab.toolchain import PAYLOAD_CUDA_HOME
 
 if TYPE_CHECKING:
     from imgfab.lock import Lock
@@ -195,6 +196,10 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.pp": str(stack.pipeline_parallel),
         f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
         f"{p}.serve.port": str(recipe.serve.port),
+        # What serving compiles on its first start, and where it keeps it (compat/backends.yaml).
+        f"{p}.jit": ",".join(sorted(set(stack.jit))),
+        f"{p}.jit.compiles": "; ".join(stack.jit_compiles),
+        f"{p}.jit.cache": shapes.JIT_CACHE,
     }
 
 
@@ -241,6 +246,8 @@ def requirement_pins(stack: Stack) -> list[str]:
         pins.append(f"torch=={stack.torch}")
     if stack.backend == "tensorrt-llm":  # one exact TensorRT: the engine's cache key and label name it
         pins.append(f"tensorrt=={trtllm.tensorrt_pin(stack)}")
+    # The run-time JIT toolchain's wheels, at the CUDA toolkit release torch pins (backends.yaml).
+    pins.extend(stack.payload_toolchain)
     return sorted(pins)
 
 
@@ -319,6 +326,11 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "calibration_mount": trtllm.CALIBRATION_FILE if plan is not None and plan.strategy == "at-start"
         and recipe.engine.calibration is not None else "",
         "calibration_dir": trtllm.CALIBRATION_DIR,
+        "jit_cache": shapes.JIT_CACHE,
+        "triton_cache": shapes.TRITON_CACHE,
+        "cache_volume": shapes.cache_volume(recipe.name),
+        "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
+        "cuda_view": _cuda_view(stack),
     }
     context["k8s"] = _k8s_context(recipe, stack, labels, matrix, plan)
     env = _environment()
@@ -347,6 +359,15 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
             files[f"imgfab/{module}"] = source.read_text(encoding="utf-8") if module != "__init__.py" \
                 else '"""imgfab in-image probe (copied from the imgfab package that rendered this image)."""\n'
     return files
+
+
+def _cuda_view(stack: Stack) -> dict[str, str] | None:
+    """The payload toolkit view the runtime stage makes (toolchain: payload rows), or None."""
+    if stack.cuda_home != PAYLOAD_CUDA_HOME:
+        return None
+    major = stack.cuda.split(".")[0]
+    return {"home": PAYLOAD_CUDA_HOME, "major": major,
+            "tree": f"/opt/venv/lib/python{stack.python}/site-packages/nvidia/cu{major}"}
 
 
 # Host resources a serving pod requests per GPU: tokenizer and scheduler threads, and host

@@ -30,7 +30,7 @@ from imgfab.recipe import Recipe
 from imgfab.rules import (FORWARD_COMPAT, MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT, check_coverage,
                           check_driver, check_forward_compat, check_precision, compare_versions,
                           major_minor, nvidia_require_cuda, parse_version)
-from imgfab.toolchain import runtime_plan
+from imgfab.toolchain import PayloadToolchainUnavailable, runtime_plan
 
 # OS preference when the recipe does not name one: newest first.
 _OS_ORDER = ("ubuntu24.04", "ubuntu22.04")
@@ -71,6 +71,9 @@ class Stack:
     runtime_packages: tuple[str, ...]
     runtime_toolchain: tuple[str, ...]  # build tools serving needs at run time (verify allows them)
     jit: tuple[str, ...]  # run-time compilers the kernels need here (compat/backends.yaml)
+    jit_compiles: tuple[str, ...]  # what serving compiles at start, "name: what" per toolchain
+    cuda_home: str  # where the run-time nvcc lives ("" when nothing needs one)
+    payload_toolchain: tuple[str, ...]  # payload pins the run-time toolchain adds to the lock
     torch: str
     tensorrt: str
     gpu: str
@@ -484,8 +487,18 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     rule = matrix.precision_rule(release.backend, precision, release.version)
     payload: Payload = fields["payload"]
     floors = fields["floors"]
-    plan = runtime_plan(profile, compute_capability=gpu.compute_capability,
-                        kv_cache_dtype=recipe.engine.kv_cache_dtype, precision=precision)
+    torch_row = matrix.torch.get(fields["torch"]) if fields["torch"] else None
+    try:
+        plan = runtime_plan(profile, backend_version=release.version,
+                            compute_capability=gpu.compute_capability,
+                            kv_cache_dtype=recipe.engine.kv_cache_dtype, precision=precision,
+                            cuda_major=toolkit.version.split(".")[0])
+    except PayloadToolchainUnavailable as exc:
+        raise CompatibilityError(f"{release.backend} {release.version} on {gpu.name}: {exc}",
+                                 field="backend.version",
+                                 fix="add a toolchain: image row for this release to "
+                                     "compat/backends.yaml, or pin another backend.version") from None
+    payload_toolchain = _payload_toolchain(plan, torch_row, release)
     if plan.flavor not in image.flavors:
         raise CompatibilityError(
             f"{release.backend} {release.version} on {gpu.name} needs a run-time JIT toolchain "
@@ -524,7 +537,6 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
                          f"native {name.upper() if name == 'nvfp4' else name} needs compute capability ≥ {native}")
     if engine:
         notes.append(f"TensorRT engine is compiled for sm_{gpu.sm[2:]} only and runs on no other GPU")
-    torch_row = matrix.torch.get(fields["torch"]) if fields["torch"] else None
     runtime = floors.get("runtime", "")
     unconfirmed = [u for u in matrix.unconfirmed
                    if u.startswith((f"{release.backend} {release.version}:", f"cuda {toolkit.version}:",
@@ -534,8 +546,8 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     if not profile.confirmed:
         unconfirmed.append(f"backends {release.backend}: {profile.reason}")
     unconfirmed += plan.unconfirmed
-    notes += [f"runtime carries {name} (nvidia/cuda {plan.flavor}): {reason}"
-              for name, reason in zip(plan.jit, plan.reasons)]
+    notes += [f"runtime carries {name} ({origin}): {reason}"
+              for name, origin, reason in zip(plan.jit, plan.origins, plan.reasons)]
     sources = sorted({release.source, toolkit.source, image.source, gpu.source, profile.source}
                      | ({rule.source} if rule else set()) | set(plan.sources)
                      | ({torch_row.source} | ({torch_row.fatbin_source} if torch_row.fatbin_source else set())
@@ -550,7 +562,9 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         cuda=toolkit.version, cuda_minor=release.cuda, os=image.os, python=fields["os"].python,
         builder_image=image.ref("devel"), runtime_image=image.ref(plan.flavor),
         runtime_flavor=plan.flavor, runtime_packages=plan.packages,
-        runtime_toolchain=plan.toolchain, jit=plan.jit, torch=torch, tensorrt=release.tensorrt,
+        runtime_toolchain=plan.toolchain, jit=plan.jit, jit_compiles=plan.compiles,
+        cuda_home=plan.cuda_home, payload_toolchain=payload_toolchain,
+        torch=torch, tensorrt=release.tensorrt,
         gpu=gpu.name, compute_capability=gpu.compute_capability, sm=gpu.sm,
         archs=(gpu.compute_capability,) if engine else covered_archs(payload), arch_exact=engine,
         precision=precision,
@@ -568,6 +582,20 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         backend_archs=release.fatbin_sass, image_eol=image.eol,
         cuda_compat="keep" if policy == FORWARD_COMPAT else "drop",
         notes=tuple(notes), sources=tuple(sources), unconfirmed=tuple(unconfirmed))
+
+
+def _payload_toolchain(plan: Any, torch_row: Any, release: BackendRelease) -> tuple[str, ...]:
+    """The plan's payload requirements pinned to the CUDA toolkit torch pins: its
+    ``cuda_runtime`` is the ``cuda-toolkit[...]==X`` release of its METADATA (torch >= 2.11)."""
+    if not plan.payload_requirements:
+        return ()
+    if torch_row is None or "cuda-toolkit[" not in torch_row.source:
+        raise CompatibilityError(
+            f"{release.backend} {release.version}: its run-time toolchain comes from the payload's "
+            f"cuda-toolkit wheels, but its torch {torch_row.version if torch_row else '(none)'} "
+            "pins no cuda-toolkit release to match", field="backend.version",
+            fix="use a torch that pins cuda-toolkit (2.11+), or a toolchain: image row")
+    return tuple(sorted(f"{req}=={torch_row.cuda_runtime}" for req in plan.payload_requirements))
 
 
 def fits_host(matrix: Matrix, gpu_name: str, driver: str, policy: str = STRICT,

@@ -40,7 +40,9 @@ from typing import Any
 
 import requests
 
+from imgfab import shapes
 from imgfab.errors import EngineError
+from imgfab.shapes import Shape
 
 DEFAULT_PROMPTS = (
     "Say hello in one short sentence.",
@@ -76,6 +78,8 @@ class SmokeReport:
     notes: list[str] = field(default_factory=list)
     log_tail: str = ""
     probe: dict[str, Any] | None = None
+    shape: str = ""  # the run shape it was started in (imgfab.shapes), "" for a bare URL
+    noexec: list[str] = field(default_factory=list)  # code paths mounted noexec in the container
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -236,11 +240,14 @@ def run_smoke(base_url: str, *, model: str | None = None,
               health_timeout_s: float = 600.0, poll_interval_s: float = 2.0,
               request_timeout_s: float = 120.0, completions: bool = False,
               api_key: str | None = None, alive: Callable[[], bool] | None = None,
-              gpu_sampler: GpuMemorySampler | None = None) -> SmokeReport:
+              gpu_sampler: GpuMemorySampler | None = None,
+              extra_body: dict[str, Any] | None = None) -> SmokeReport:
     """Smoke-test the server at ``base_url`` (``http://host:port``, no ``/v1``).
 
     ``alive``: returns False once the server process is gone (stops the health wait early).
-    ``gpu_sampler``: defaults to NVML on this host, if importable.
+    ``gpu_sampler``: defaults to NVML on this host, if importable. ``extra_body``: merged into
+    every generation request (``{"ignore_eos": True}`` for a random-weight model, so each
+    answer runs to ``max_tokens`` and decode speed is measured).
     """
     base_url = base_url.rstrip("/")
     report = SmokeReport(base_url=base_url)
@@ -257,7 +264,7 @@ def run_smoke(base_url: str, *, model: str | None = None,
         sampler = gpu_sampler or GpuMemorySampler()
         with sampler:
             _send_prompts(session, report, prompts, max_tokens, completions, headers,
-                          request_timeout_s)
+                          request_timeout_s, dict(extra_body or {}))
         report.peak_gpu_memory_bytes = list(sampler.peaks)
         if sampler.error:
             report.notes.append(sampler.error)
@@ -288,7 +295,7 @@ def _list_models(session: requests.Session, report: SmokeReport, model: str | No
 
 def _send_prompts(session: requests.Session, report: SmokeReport, prompts: Any,
                   max_tokens: int, completions: bool, headers: dict[str, str],
-                  timeout_s: float) -> None:
+                  timeout_s: float, extra_body: dict[str, Any]) -> None:
     chat_url = f"{report.base_url}/v1/chat/completions"
     requests_to_send: list[tuple[str, str, bool, dict[str, Any]]] = [
         (f"chat {i + 1}", chat_url, True,
@@ -298,7 +305,7 @@ def _send_prompts(session: requests.Session, report: SmokeReport, prompts: Any,
                                  {"prompt": prompts[0]}))
     streamed: list[StreamResult] = []
     for label, url, chat, body in requests_to_send:
-        body = dict(body, model=report.model, max_tokens=max_tokens, temperature=0)
+        body = dict(body, model=report.model, max_tokens=max_tokens, temperature=0, **extra_body)
         try:
             result = stream_completion(session, url, body, chat=chat, timeout_s=timeout_s,
                                        headers=headers)
@@ -311,7 +318,7 @@ def _send_prompts(session: requests.Session, report: SmokeReport, prompts: Any,
                                    f"({result.tokens} token(s) reported)")
             continue
         streamed.append(result)
-    _plain_chat(session, report, chat_url, prompts[0], max_tokens, headers, timeout_s)
+    _plain_chat(session, report, chat_url, prompts[0], max_tokens, headers, timeout_s, extra_body)
     ttfts = [r.ttft_s for r in streamed if r.ttft_s is not None]
     if ttfts:
         report.ttft_ms = round(statistics.median(ttfts) * 1000, 2)
@@ -325,9 +332,10 @@ def _send_prompts(session: requests.Session, report: SmokeReport, prompts: Any,
 
 
 def _plain_chat(session: requests.Session, report: SmokeReport, url: str, prompt: str,
-                max_tokens: int, headers: dict[str, str], timeout_s: float) -> None:
+                max_tokens: int, headers: dict[str, str], timeout_s: float,
+                extra_body: dict[str, Any]) -> None:
     body = {"model": report.model, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}]}
+            "messages": [{"role": "user", "content": prompt}], **extra_body}
     try:
         response = session.post(url, json=body, timeout=timeout_s, headers=headers)
         response.raise_for_status()
@@ -363,6 +371,10 @@ class RunSettings:
     health_timeout_s: float = 900.0
     poll_interval_s: float = 2.0
     completions: bool = False
+    shape: Shape | None = None  # the run shape's container options (imgfab.shapes)
+    devices: tuple[str, ...] = ()  # host devices passed through (GPUs without --gpus)
+    network: str | None = None  # "host": no port publishing, the server is reached on its port
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -380,20 +392,44 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
     """
     engine = engine or importlib.import_module("imgfab.engine")
     settings = run_settings
-    port = settings.host_port or free_port(settings.host)
+    host_network = settings.network == "host"
+    port = settings.container_port if host_network else settings.host_port or free_port(settings.host)
     name = settings.name or f"imgfab-smoke-{uuid.uuid4().hex[:8]}"
+    shape = settings.shape
+    options: dict[str, Any] = {}
+    if shape is not None:
+        options = {"read_only": shape.read_only, "tmpfs": shape.tmpfs,
+                   "volumes": list(shape.volumes), "cap_drop": list(shape.cap_drop),
+                   "security_opt": list(shape.security_opt), "user": shape.user,
+                   "group_add": list(shape.group_add)}
     container = engine.run_container(
         image, gpus=settings.gpus, shm_size=settings.shm_size, ulimits=settings.ulimits,
         mounts=list(settings.mounts), ports={settings.container_port: (settings.host, port)},
-        env=dict(settings.env), name=name)
+        env=dict(settings.env), name=name, devices=list(settings.devices),
+        network_mode=settings.network, **options)
     report = SmokeReport(base_url=f"http://{settings.host}:{port}")
     try:
+        # Read the mounts at once: a shape that cannot run compiled code makes the server die
+        # at start, and a dead container has no /proc/mounts to read.
+        mounts = SmokeReport(base_url=report.base_url, shape=shape.name if shape else "")
+        if shape is not None:
+            _check_mounts(engine, container, mounts)
         report = run_smoke(report.base_url, model=settings.model,
                            health_timeout_s=settings.health_timeout_s,
                            poll_interval_s=settings.poll_interval_s,
                            completions=settings.completions,
-                           alive=lambda: engine.container_running(container))
-        if not report.passed:
+                           alive=lambda: engine.container_running(container),
+                           extra_body=settings.extra_body)
+        report.shape, report.noexec = mounts.shape, mounts.noexec
+        report.failures[:0] = mounts.failures
+        report.notes += mounts.notes
+        report.passed = report.passed and not mounts.failures
+        if report.passed:  # what serving printed (what it compiled, how long it took)
+            try:
+                report.log_tail = engine.container_logs(container, tail=LOG_TAIL_LINES)
+            except EngineError as exc:
+                report.notes.append(f"logs not collected: {exc.one_line()}")
+        else:
             _collect_evidence(engine, container, report)
     finally:
         try:
@@ -403,6 +439,24 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
                                    f"{exc.one_line()}")
             report.passed = False
     return report
+
+
+def _check_mounts(engine: Any, container: Any, report: SmokeReport) -> None:
+    """Where serving writes code it then loads, the shape's mounts must allow exec: read
+    ``/proc/mounts`` inside the running container (a failure when any such path is noexec)."""
+    try:
+        running = engine.container_running(container)
+        code, mounts = engine.exec_in(container, ["cat", "/proc/mounts"]) if running else (1, "")
+    except EngineError as exc:
+        report.notes.append(f"mounts not read: {exc.one_line()}")
+        return
+    if code != 0:
+        report.notes.append("mounts not read: the container is not running")
+        return
+    report.noexec = shapes.noexec_code_paths(mounts)
+    if report.noexec:
+        report.failures.append(f"mounts: {', '.join(report.noexec)} mounted noexec in the "
+                               f"{report.shape} shape; serving loads the code it compiles there")
 
 
 def _collect_evidence(engine: Any, container: Any, report: SmokeReport) -> None:

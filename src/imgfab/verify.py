@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from imgfab.errors import ValidationFailed
+from imgfab.toolchain import PAYLOAD_CUDA_HOME
 
 # Build-only tools by the name a backend declares in `runtime_toolchain`, and the paths
 # (relative, as in a layer tar) that betray them. How obtained: the file lists of the Debian
@@ -73,7 +74,19 @@ ALWAYS_FORBIDDEN: dict[str, tuple[str, ...]] = {
     "pip cache": (r"root/\.cache/pip/.+", r"home/[^/]+/\.cache/pip/.+"),
     "builder requirements": (r"opt/imgfab/requirements\.(txt|lock)",),
 }
-NOTE_ONLY: dict[str, tuple[str, ...]] = {"ninja (Python wheel)": (r"opt/venv/bin/ninja",)}
+# The payload's own CUDA toolkit tree (CUDA 13 wheels: site-packages/nvidia/cuNN), which a
+# payload toolchain's CUDA_HOME view points at (compat/backends.yaml toolchain: payload).
+_PAYLOAD_TREE = r"opt/venv/lib/python3[0-9.]*/site-packages/nvidia/cu[0-9]+"
+PAYLOAD_TOOLKIT: dict[str, str] = {
+    "nvcc": _PAYLOAD_TREE + r"/bin/nvcc",
+    "cicc": _PAYLOAD_TREE + r"/nvvm/bin/cicc",
+    "cuda_runtime.h": _PAYLOAD_TREE + r"/include/cuda_runtime\.h",
+    "libcudart": _PAYLOAD_TREE + r"/lib/libcudart\.so\.[0-9]+",
+}
+# A payload-brought tool is the backend's own dependency (vLLM requires ninja; vLLM 0.22+
+# installs nvcc through humming-kernels[cu13]): reported, not a build leftover.
+NOTE_ONLY: dict[str, tuple[str, ...]] = {"ninja (Python wheel)": (r"opt/venv/bin/ninja",),
+                                         "nvcc (Python wheel)": (PAYLOAD_TOOLKIT["nvcc"],)}
 _CHUNK = 4 * 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -110,6 +123,9 @@ class VerifyPolicy:
     # Certificate PEM blocks of the host's public trust store: a CA bundle's public CAs are in
     # every image that installs ca-certificates, so only its other blocks are searched for.
     public_pem: frozenset[bytes] = frozenset()
+    # Set when the runtime's CUDA_HOME is a view of the payload's toolkit tree: what the view
+    # needs from the payload (PAYLOAD_TOOLKIT names), which the final filesystem must hold.
+    payload_toolkit: tuple[str, ...] = ()
 
     @property
     def mount(self) -> str:
@@ -215,7 +231,8 @@ def policy_for(recipe: Any, stack: Any, matrix: Any,
         mount_path=recipe.model.mount_path,
         required_labels={k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")},
         declared_toolchain=tuple(sorted(stack.runtime_toolchain)),
-        secrets=read, public_pem=public_pem_blocks() if read else frozenset())
+        secrets=read, public_pem=public_pem_blocks() if read else frozenset(),
+        payload_toolkit=tuple(PAYLOAD_TOOLKIT) if stack.cuda_home == PAYLOAD_CUDA_HOME else ())
 
 
 def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
@@ -377,6 +394,14 @@ class _LayerScan:
             hits = sorted(p for p in present if any(re.fullmatch(pat, p) for pat in patterns))
             if hits:
                 self.notes.append(f"{name} present (/{hits[0]}): a dependency of the payload")
+        if policy.payload_toolkit:
+            missing = [name for name in policy.payload_toolkit
+                       if not any(re.fullmatch(PAYLOAD_TOOLKIT[name], p) for p in present)]
+            result.append(Finding(
+                "cuda_home", not missing,
+                f"the payload lacks what CUDA_HOME's view points at: {', '.join(missing)} "
+                "(lock the toolchain's cuda-toolkit wheels)" if missing
+                else f"the payload carries the view's {', '.join(policy.payload_toolkit)}"))
         declared = ", ".join(policy.declared_toolchain) or "none"
         result.append(Finding("tools", not offenders,
                               f"undeclared build-only tools: {', '.join(offenders)} "
@@ -387,7 +412,8 @@ class _LayerScan:
 
 _ALL_PATTERNS = re.compile("|".join(f"(?:{p})" for pats in
                                     (*TOOL_PATHS.values(), *ALWAYS_FORBIDDEN.values(),
-                                     *NOTE_ONLY.values()) for p in pats))
+                                     *NOTE_ONLY.values(), tuple(PAYLOAD_TOOLKIT.values()))
+                                    for p in pats))
 
 
 # Bumped when the scan itself changes, so results of an older scanner are not reused.

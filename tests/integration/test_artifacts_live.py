@@ -135,6 +135,16 @@ def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
                            "touch /home/imgfab/x /tmp/x && ! touch /opt/x 2>/dev/null && echo ok",
                            check=False)
         assert writable.stdout.strip() == "ok", writable.stderr
+        # Serving loads the code it compiles (Triton, FlashInfer, torch Inductor) from /tmp, the
+        # home and the JIT cache: none of them may be noexec (Docker's tmpfs default).
+        from imgfab.shapes import noexec_code_paths
+
+        mounts = _docker("exec", container, "cat", "/proc/mounts").stdout
+        assert noexec_code_paths(mounts) == [], mounts
+        ran = _docker("exec", container, "sh", "-c",
+                      "for d in /tmp /home/imgfab /home/imgfab/.cache; do cp /bin/true $d/run-me && $d/run-me || exit 1; done; echo ran",
+                      check=False)
+        assert ran.stdout.strip() == "ran", ran.stderr
     finally:
         subprocess.run(compose + ["-f", str(local), "down", "--volumes", "--timeout", "30"],
                        env=env, capture_output=True, text=True)

@@ -375,9 +375,17 @@ def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
          "--gpus", "none", "--no-memlock", "--timeout", "120", "--json"],
         capture_output=True, text=True, timeout=300)
     report = json.loads(result.stdout)
-    assert result.returncode == 0 and report["passed"], (report.get("failures"), result.stderr[-2000:])
-    assert report["answers"] and all(a.strip() for a in report["answers"])
-    assert report["ttft_ms"] is not None and report["tokens_per_s"] is not None
+    failures = [(s["shape"], s["failures"], s["log_tail"][-800:]) for s in report["shapes"]]
+    assert result.returncode == 0 and report["passed"], (failures, result.stderr[-2000:])
+    # Every run shape its artifacts use, each reported: run.sh, compose (read-only root, exec
+    # tmpfs), k8s (read-only root, emptyDir-like volumes, no capabilities, no-new-privileges).
+    assert [s["shape"] for s in report["shapes"]] == ["runsh", "compose", "k8s"]
+    for shape in report["shapes"]:
+        assert shape["passed"] and shape["noexec"] == [], shape["failures"]
+        assert shape["answers"] and all(a.strip() for a in shape["answers"])
+        assert shape["ttft_ms"] is not None and shape["tokens_per_s"] is not None
+        assert shape["healthy_after_s"] is not None
+    assert report["synthetic"] is False
 
     pushed = [t for t in vllm_image["tags"] if t.startswith(REGISTRY + "/")]
     assert pushed, vllm_image["tags"]

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run mistral-7b-a100-trtllm with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
 IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80}"
@@ -11,6 +12,16 @@ no_comma() {
     esac
 }
 no_comma "$WEIGHTS_DIR"
+volume_name() {
+    case "$1" in
+        [A-Za-z0-9]*) ;;
+        *) echo "run.sh: volume name '$1' must start with a letter or digit" >&2; exit 2 ;;
+    esac
+    case "$1" in
+        *[!A-Za-z0-9_.-]*) echo "run.sh: volume name '$1' may hold only [A-Za-z0-9_.-]" >&2; exit 2 ;;
+    esac
+}
+volume_name "${CACHE_VOLUME:-imgfab-mistral-7b-a100-trtllm-cache}"
 
 args=(
     --rm --name mistral-7b-a100-trtllm
@@ -21,5 +32,8 @@ args=(
     --publish "${HOST_PORT:-8000}:8000"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/mistral-7b,readonly"
+    # What serving compiles on its first start (Triton launchers) is kept in a named
+    # volume, so the next start loads it instead of compiling again.
+    --mount "type=volume,source=${CACHE_VOLUME:-imgfab-mistral-7b-a100-trtllm-cache},target=/home/imgfab/.cache"
 )
 exec docker run "${args[@]}" "$IMAGE" "$@"

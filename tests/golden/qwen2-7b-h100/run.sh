@@ -1,6 +1,7 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run qwen2-7b-h100 with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
 IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.19.1-cu12.8.2-sm90-fp8}"
@@ -11,6 +12,16 @@ no_comma() {
     esac
 }
 no_comma "$WEIGHTS_DIR"
+volume_name() {
+    case "$1" in
+        [A-Za-z0-9]*) ;;
+        *) echo "run.sh: volume name '$1' must start with a letter or digit" >&2; exit 2 ;;
+    esac
+    case "$1" in
+        *[!A-Za-z0-9_.-]*) echo "run.sh: volume name '$1' may hold only [A-Za-z0-9_.-]" >&2; exit 2 ;;
+    esac
+}
+volume_name "${CACHE_VOLUME:-imgfab-qwen2-7b-h100-cache}"
 
 args=(
     --rm --name qwen2-7b-h100
@@ -21,5 +32,8 @@ args=(
     --publish "${HOST_PORT:-8000}:8000"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"
+    # What serving compiles on its first start (Triton launchers) is kept in a named
+    # volume, so the next start loads it instead of compiling again.
+    --mount "type=volume,source=${CACHE_VOLUME:-imgfab-qwen2-7b-h100-cache},target=/home/imgfab/.cache"
 )
 exec docker run "${args[@]}" "$IMAGE" "$@"

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Rendered by imgfab 0.1.0: run qwen2-7b-l40s-awq-engine with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
@@ -12,6 +13,17 @@ no_comma() {
     esac
 }
 no_comma "$WEIGHTS_DIR"
+volume_name() {
+    case "$1" in
+        [A-Za-z0-9]*) ;;
+        *) echo "run.sh: volume name '$1' must start with a letter or digit" >&2; exit 2 ;;
+    esac
+    case "$1" in
+        *[!A-Za-z0-9_.-]*) echo "run.sh: volume name '$1' may hold only [A-Za-z0-9_.-]" >&2; exit 2 ;;
+    esac
+}
+volume_name "${CACHE_VOLUME:-imgfab-qwen2-7b-l40s-awq-engine-cache}"
+volume_name "${ENGINE_VOLUME:-imgfab-qwen2-7b-l40s-awq-engine-engines}"
 
 args=(
     --rm --name qwen2-7b-l40s-awq-engine
@@ -22,6 +34,9 @@ args=(
     --publish "${HOST_PORT:-8000}:8000"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"
+    # What serving compiles on its first start (Triton launchers) is kept in a named
+    # volume, so the next start loads it instead of compiling again.
+    --mount "type=volume,source=${CACHE_VOLUME:-imgfab-qwen2-7b-l40s-awq-engine-cache},target=/home/imgfab/.cache"
     # A named volume outlives --rm (only anonymous volumes go with the container): the refitted
     # or compiled engine is reused by the next start instead of being rebuilt.
     --mount "type=volume,source=${ENGINE_VOLUME:-imgfab-qwen2-7b-l40s-awq-engine-engines},target=/var/cache/imgfab/engines"

@@ -366,8 +366,10 @@ MATMUL_TOLERANCE = 1e-2
 def check_driver(facts: ImageFacts, host: HostFacts) -> list[Finding]:
     if host.driver is None:
         return [_not_run("driver", host.error or "no driver version", _GPU_FLAG_FIX)]
+    # The floor comes from the payload's newest CUDA runtime (label cuda.runtime), not from
+    # the base image's patch release (label cuda): name the one that sets it.
     verdict = rules.check_driver(host.driver, floor=facts.driver_floor,
-                                 policy=facts.driver_policy, cuda=facts.cuda,
+                                 policy=facts.driver_policy, cuda=facts.cuda_runtime or facts.cuda,
                                  strict_floor=facts.strict_floor,
                                  compat_floor=facts.compat_floor)
     return [_judged(verdict, HOST)]

@@ -1,0 +1,1 @@
+"""imgfab in-image probe (copied from the imgfab package that rendered this image)."""

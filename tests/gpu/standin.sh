@@ -1,0 +1,103 @@
+#!/bin/bash
+# The GPU host's stand-in for an imgfab vLLM image (tests/gpu/test_gpu_vllm_shapes.py).
+#
+# The GPU machine here reaches no registry, so neither nvidia/cuda nor the real payload can be
+# pulled. It has Ubuntu 24.04, a driver, and a Python 3.12 with torch 2.11.0+cu130 (the torch
+# vLLM 0.20-0.26 pin). The stand-in keeps what the rendered runtime stage does and replaces
+# only what cannot be had there:
+#   - the base: the host's own root filesystem (its /usr: bash, python3.12, gcc, g++, the
+#     Python headers the runtime stage would apt-get), without /usr/local/cuda (like -base,
+#     which has no toolkit), /opt and the driver's /usr/local/nvidia;
+#   - the payload: the recipe's lock, less the wheels the host's torch venv already holds at
+#     the locked versions (torch, torchvision, torchaudio, triton, the CUDA library wheels),
+#     assembled at /opt/venv and bind-mounted read-only with the host's torch venv.
+# Usage (each a separate step; state lives under $IMGFAB_STANDIN, default /tmp/imgfab-standin):
+#   tests/gpu/standin.sh docker-up DOCKER_TAR_XZ   # unpack Debian's dockerd and start it
+#   tests/gpu/standin.sh base                      # docker import of the host's root filesystem
+#   tests/gpu/standin.sh payload PIECE...          # /opt/venv from the payload tar.xz pieces
+#   tests/gpu/standin.sh env                       # the exports the GPU test needs
+set -euo pipefail
+ROOT=${IMGFAB_STANDIN:-/tmp/imgfab-standin}
+SOCK="unix://$ROOT/docker.sock"
+BASE=imgfab-standin-base:latest
+mkdir -p "$ROOT"
+
+docker_path() { echo "$ROOT/docker/usr/bin:$ROOT/docker/usr/sbin:$PATH"; }
+
+case "${1:-}" in
+docker-up)
+    mkdir -p "$ROOT/docker"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' "$2" "$ROOT/docker"
+    PATH=$(docker_path) LD_LIBRARY_PATH="$ROOT/docker/lib/x86_64-linux-gnu" setsid dockerd \
+        --data-root "$ROOT/data" --exec-root "$ROOT/exec" -H "$SOCK" --pidfile "$ROOT/dockerd.pid" \
+        --iptables=false --bridge=none >"$ROOT/dockerd.log" 2>&1 </dev/null &
+    for _ in $(seq 60); do
+        if PATH=$(docker_path) docker -H "$SOCK" info >/dev/null 2>&1; then
+            PATH=$(docker_path) docker -H "$SOCK" version --format 'dockerd {{.Server.Version}} up'
+            exit 0
+        fi
+        sleep 1
+    done
+    echo "standin: dockerd did not start" >&2
+    tail -n 20 "$ROOT/dockerd.log" >&2
+    exit 1
+    ;;
+base)
+    if getent passwd 10001 >/dev/null || getent group 10001 >/dev/null; then
+        echo "standin: uid/gid 10001 exists on this host; the runtime stage's useradd would fail" >&2
+        exit 1
+    fi
+    # Contents of the host's virtual and per-machine trees are left out; the directories stay.
+    tar -C / -cf - --numeric-owner \
+        --exclude='./proc/*' --exclude='./sys/*' --exclude='./dev/*' --exclude='./tmp/*' \
+        --exclude='./run/*' --exclude='./opt/*' --exclude='./home/*' --exclude='./root/*' \
+        --exclude='./mnt/*' --exclude='./media/*' --exclude='./srv/*' --exclude='./var/cache/*' \
+        --exclude='./var/log/*' --exclude='./var/lib/docker' --exclude='./lost+found' \
+        --exclude='./usr/local/cuda' --exclude='./usr/local/cuda-*' --exclude='./usr/local/nvidia' \
+        --exclude='./usr/share/doc' --exclude='./usr/share/man' --exclude='./work' \
+        --exclude="./${ROOT#/}" --exclude="./${PWD#/}" ${OUT:+--exclude="./${OUT#/}"} \
+        . 2>"$ROOT/base-tar.log" \
+        | PATH=$(docker_path) docker -H "$SOCK" import - "$BASE" >/dev/null || {
+            tail -n 5 "$ROOT/base-tar.log" >&2; exit 1; }
+    PATH=$(docker_path) docker -H "$SOCK" run --rm --network none "$BASE" \
+        /bin/sh -c 'mkdir -p /tmp && for t in bash python3 gcc g++; do command -v $t >/dev/null || echo "standin: base lacks $t"; done; ls -d /usr/include/python3*/Python.h 2>/dev/null || echo "standin: base lacks Python.h"'
+    PATH=$(docker_path) docker -H "$SOCK" image inspect "$BASE" --format 'base {{.Id}} {{.Size}} bytes'
+    ;;
+payload)
+    shift
+    torch_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+    torch_venv=$(python3 -c 'import sys; print(sys.prefix)')
+    interpreter=$(python3 -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
+    cat "$@" | python3 -c 'import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz").extractall("/", filter="tar")'
+    ln -sf "$interpreter" /opt/venv/bin/python3
+    ln -sf python3 /opt/venv/bin/python
+    ln -sf python3 /opt/venv/bin/python3.12
+    printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$interpreter")" \
+        "$(python3 -c 'import platform; print(platform.python_version())')" >/opt/venv/pyvenv.cfg
+    # After the venv's own packages: the host's torch, triton and CUDA library wheels.
+    echo "$torch_site" >/opt/venv/lib/python3.12/site-packages/zz-standin-host-torch.pth
+    base_prefix=$(python3 -c 'import sys; print(sys.base_prefix)')
+    torch_root=$(dirname "$torch_venv")  # /opt/torch for /opt/torch/.venv
+    {
+        echo "/opt/venv:/opt/venv:ro"
+        echo "$torch_root:$torch_root:ro"
+        echo "/usr/local/nvidia:/usr/local/nvidia:ro"
+        case "$base_prefix" in  # the interpreter itself, where the base has no copy of it
+            /usr|/usr/*|"$torch_root"/*) ;;
+            *) echo "$base_prefix:$base_prefix:ro" ;;
+        esac
+    } >"$ROOT/mounts.txt"
+    /opt/venv/bin/python3 -c 'import sys, vllm, flashinfer, torch; print("payload: python", sys.version.split()[0], "vllm", vllm.__version__, "flashinfer", flashinfer.__version__, "torch", torch.__version__)'
+    cat "$ROOT/mounts.txt"
+    ;;
+env)
+    echo "export PATH=$(docker_path)"
+    echo "export DOCKER_HOST=$SOCK"
+    echo "export IMGFAB_STANDIN_BASE=$BASE"
+    echo "export IMGFAB_STANDIN_MOUNTS=$ROOT/mounts.txt"
+    ;;
+*)
+    echo "usage: $0 docker-up DOCKER_TAR_XZ | base | payload PIECE... | env" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,151 @@
+"""The rendered vLLM runtime serves on a real GPU in every run shape, with real vLLM.
+
+Run on the GPU machine after ``tests/gpu/standin.sh`` (docker-up, base, payload; then
+``eval "$(tests/gpu/standin.sh env)"``)::
+
+    IMGFAB_GPU_PROOF_OUT=/tmp/proof python -m pytest -m gpu tests/gpu/test_gpu_vllm_shapes.py -s
+
+The recipe is ``recipes/qwen2-7b-h200.yaml`` (vLLM 0.26.0, torch 2.11.0, CUDA 13), rendered by
+imgfab; its runtime stage is built unchanged but for what :func:`standin_dockerfile` replaces
+(the base, the apt-get of the OS layer, the payload COPYs), and ``imgfab smoke
+--synthetic-model`` starts it as run.sh, as compose.yaml and as k8s.yaml would, each against a
+random-weight Qwen2 made inside the image. What this does not prove: that the lock installs
+(the payload is the lock's packages, less the host's own torch and CUDA wheels at the same
+versions), and the real ``nvidia/cuda`` base (the host's Ubuntu 24.04 stands in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "qwen2-7b-h200.yaml"
+IMAGE = "imgfab-proof/qwen2-7b-h200:standin"
+CACHE_VOLUME = "imgfab-proof-qwen2-7b-h200-cache"
+GPU_DEVICES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+_APT = re.compile(r"^(rm -f /etc/apt/apt\.conf\.d/docker-clean|apt-get .*)$")
+
+
+def standin_dockerfile(dockerfile: str, base: str) -> tuple[str, list[str]]:
+    """The rendered runtime stage with the stand-in's three replacements, and what they
+    removed: ``FROM`` the stand-in base; the OS layer without its apt steps (the base holds
+    the packages); no payload ``COPY --from=builder`` (the payload is bind-mounted)."""
+    stage = dockerfile[dockerfile.index("FROM ${RUNTIME_IMAGE} AS runtime"):]
+    removed: list[str] = ["FROM ${RUNTIME_IMAGE} AS runtime"]
+    stage = stage.replace("FROM ${RUNTIME_IMAGE} AS runtime", f"FROM {base} AS runtime", 1)
+    lines, out, i = stage.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("COPY --from=builder /opt/imgfab/layers/"):
+            removed.append(line)
+        elif line.startswith("RUN --mount=type=cache,target=/var/cache/apt"):
+            logical = []
+            while lines[i].endswith("\\"):
+                logical.append(lines[i][:-1].strip())
+                i += 1
+            logical.append(lines[i].strip())
+            text = " ".join(logical).removeprefix("RUN ")
+            parts = [p.strip() for p in text.split(" && ")]
+            head = parts[0].split()
+            removed += [w for w in head if w.startswith("--mount=")]
+            parts[0] = " ".join(w for w in head if not w.startswith("--mount="))
+            removed += [p for p in parts if _APT.match(p)]
+            kept = [p for p in parts if not _APT.match(p)]
+            out.append("RUN " + " \\\n    && ".join(kept))
+        else:
+            out.append(line)
+        i += 1
+    return "\n".join(out), removed
+
+
+def _env() -> dict[str, str]:
+    for key in ("DOCKER_HOST", "IMGFAB_STANDIN_BASE", "IMGFAB_STANDIN_MOUNTS"):
+        if not os.environ.get(key):
+            pytest.fail(f"{key} is not set: run tests/gpu/standin.sh (docker-up, base, payload) "
+                        "and eval its env on the GPU machine")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p))
+
+
+@pytest.fixture(scope="module")
+def standin_image(tmp_path_factory) -> str:
+    env = _env()
+    context = tmp_path_factory.mktemp("ctx") / "qwen2-7b-h200"
+    subprocess.run([sys.executable, "-m", "imgfab.cli", "render", str(RECIPE), "--output",
+                    str(context)], env=env, check=True, capture_output=True, text=True)
+    text, removed = standin_dockerfile((context / "Dockerfile").read_text(),
+                                       os.environ["IMGFAB_STANDIN_BASE"])
+    (context / "Dockerfile.standin").write_text(text)
+    built = subprocess.run(["docker", "build", "--network", "host", "-f", "Dockerfile.standin",
+                            "-t", IMAGE, "."], cwd=context, capture_output=True,
+                           # the classic builder: the stand-in's stage needs no BuildKit, and
+                           # the GPU host's Debian dockerd comes without buildx
+                           env=dict(env, DOCKER_BUILDKIT="0"),
+                           text=True, timeout=900)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    _record("standin", {"dockerfile_removed": removed, "dockerfile": text,
+                        "mounts": _mounts(), "build_tail": built.stdout[-1500:]})
+    return IMAGE
+
+
+def _mounts() -> list[str]:
+    return [line.strip() for line in Path(os.environ["IMGFAB_STANDIN_MOUNTS"]).read_text().splitlines()
+            if line.strip()]
+
+
+def _record(name: str, data: dict) -> None:
+    out = os.environ.get("IMGFAB_GPU_PROOF_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
+def test_standin_dockerfile_changes_only_base_apt_and_payload():
+    rendered = (REPO / "tests" / "golden" / "qwen2-7b-h200" / "Dockerfile").read_text()
+    text, removed = standin_dockerfile(rendered, "standin")
+    assert text.startswith("FROM standin AS runtime")
+    assert "apt-get" not in text and "COPY --from=builder" not in text
+    assert "useradd" in text and "/opt/imgfab/cuda" in text and "ENTRYPOINT" in text
+    assert sum(line.startswith("COPY --from=builder") for line in removed) >= 5
+
+
+@pytest.mark.parametrize("shape", ["runsh", "compose", "k8s"])
+def test_rendered_vllm_runtime_serves_in_each_shape(standin_image, shape):
+    """Real vLLM 0.26.0 on this GPU: the FlashInfer sampler's kernels compile at the first
+    start with the payload's nvcc (CUDA_HOME view), and every shape can execute them."""
+    env = _env()
+    argv = [sys.executable, "-m", "imgfab.cli", "smoke", standin_image, "--synthetic-model",
+            "--shape", shape, "--gpus", "none", "--network", "host", "--timeout", "540",
+            "--env", "LD_LIBRARY_PATH=/usr/local/nvidia/lib64", "--json"]
+    argv += [a for d in GPU_DEVICES if os.path.exists(d) for a in ("--device", d)]
+    argv += [a for m in _mounts() for a in ("--mount", m)]
+    if os.environ.get("IMGFAB_PROOF_NO_MEMLOCK") == "1":  # an engine that cannot raise it
+        argv.append("--no-memlock")
+    if shape != "k8s":  # run.sh and compose share the host's cache volume, as on a host
+        argv += ["--cache-volume", CACHE_VOLUME]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=590)
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"smoke printed no report: {done.stdout[-2000:]} {done.stderr[-3000:]}")
+    _record(f"shape-{shape}", report)
+    (result,) = report["shapes"]
+    print(f"\n{shape}: passed={result['passed']} healthy_after_s={result['healthy_after_s']} "
+          f"ttft_ms={result['ttft_ms']} tokens_per_s={result['tokens_per_s']}")
+    assert report["synthetic"] and "synthetic weights" in report["weights"]
+    assert result["passed"], (result["failures"], result["log_tail"][-4000:])
+    assert result["noexec"] == []
+    assert result["model_ids"] == ["qwen2-7b"]
+    assert result["ttft_ms"] and result["tokens_per_s"]
+    if shutil.which("nvidia-smi"):
+        assert result["peak_gpu_memory_bytes"] and max(result["peak_gpu_memory_bytes"]) > 0
