@@ -73,7 +73,8 @@ def test_payload_toolchain_view_needs_the_payloads_toolkit(policy, tmp_path):
 
     tree = "opt/venv/lib/python3.12/site-packages/nvidia/cu13"
     layer = tmp_path / "diff"
-    for path in ("bin/nvcc", "nvvm/bin/cicc", "include/cuda_runtime.h", "lib/libcudart.so.13"):
+    for path in ("bin/nvcc", "nvvm/bin/cicc", "include/cuda_runtime.h", "include/curand_kernel.h",
+                 "lib/libcudart.so.13"):
         (layer / tree / path).parent.mkdir(parents=True, exist_ok=True)
         (layer / tree / path).write_text("x")
     full = _scan_directory(layer, "models/m", policy)

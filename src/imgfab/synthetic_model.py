@@ -5,8 +5,8 @@ This file is a script, run *inside the image being tested* by ``imgfab smoke
 ``numpy``, ``safetensors`` and ``tokenizers``, so the model is one that image's transformers
 and backend load, and no weights are downloaded. It imports nothing from imgfab.
 
-The model: 2 layers, hidden size 256, 2 attention heads of 128 (1 KV head), vocabulary of the
-byte-level BPE tokenizer trained here on a fixed English corpus, 131072 positions, float16
+The model: 2 layers, hidden size 256, 2 attention heads of 128 (1 KV head), a word-level
+vocabulary of about 250 English words, numbers and punctuation, 131072 positions, float16
 weights from a seeded normal distribution. Its answers are word salad: it proves that the image
 starts, loads a checkpoint of the recipe's architecture and serves it, nothing about a model's
 quality.
@@ -27,7 +27,6 @@ HEADS = 2
 KV_HEADS = 1
 HEAD_DIM = HIDDEN // HEADS
 POSITIONS = 131072
-VOCAB = 1024
 SEED = 0
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # architecture → (model_type, q/k/v projections carry a bias, extra config keys)
@@ -50,35 +49,27 @@ _WORDS = (
 ).split()
 
 
-def corpus(lines: int = 4000) -> list[str]:
-    """A fixed, seeded word stream (the same bytes every run)."""
-    out, state = [], 12345
-    for _ in range(lines):
-        words = []
-        for _ in range(12):
-            state = (state * 1103515245 + 12345) % 2**31
-            words.append(_WORDS[state % len(_WORDS)])
-        out.append(" ".join(words) + ".")
-    return out
-
-
 def write_tokenizer(out: Path) -> int:
-    """A byte-level BPE tokenizer with a ChatML template; returns its vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A word-level tokenizer (every token a whole word, so any token sequence decodes to text;
+    a byte-level BPE's random byte tokens decode to nothing) with a ChatML template; returns
+    its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    words = sorted(set(_WORDS) | {str(n) for n in range(100)} | set(".,!?:;+-=()'\""))
+    vocab = {token: i for i, token in enumerate(SPECIALS + ["<unk>"] + words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins whole words with spaces
+    tokenizer.add_special_tokens(SPECIALS)
     tokenizer.save(str(out / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": POSITIONS,
               "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-              "unk_token": None, "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}
+              "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE,
+              "clean_up_tokenization_spaces": False}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2) + "\n")
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<unk>"},
+        indent=2) + "\n")
     return tokenizer.get_vocab_size()
 
 

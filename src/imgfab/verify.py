@@ -81,6 +81,8 @@ PAYLOAD_TOOLKIT: dict[str, str] = {
     "nvcc": _PAYLOAD_TREE + r"/bin/nvcc",
     "cicc": _PAYLOAD_TREE + r"/nvvm/bin/cicc",
     "cuda_runtime.h": _PAYLOAD_TREE + r"/include/cuda_runtime\.h",
+    # FlashInfer's sampling kernels include cuRAND's device API (nvidia-curand, a torch wheel)
+    "curand_kernel.h": _PAYLOAD_TREE + r"/include/curand_kernel\.h",
     "libcudart": _PAYLOAD_TREE + r"/lib/libcudart\.so\.[0-9]+",
 }
 # A payload-brought tool is the backend's own dependency (vLLM requires ninja; vLLM 0.22+

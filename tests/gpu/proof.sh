@@ -26,7 +26,7 @@ setup)
     tests/gpu/standin.sh docker-up .gpu/docker.tar.xz
     # The base (a docker import of the host's root filesystem) builds while the pieces travel.
     setsid bash -c "tests/gpu/standin.sh base >$STATE/base.log 2>&1; echo \$? >$STATE/base.rc" </dev/null &
-    cp "$@" "$PIECES"/
+    if [ "$#" -gt 0 ]; then cp "$@" "$PIECES"/; fi
     ;;
 piece)
     shift

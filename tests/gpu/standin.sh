@@ -48,17 +48,26 @@ base)
         exit 1
     fi
     # Contents of the host's virtual and per-machine trees are left out; the directories stay.
-    tar -C / -cf - --numeric-owner \
+    # GNU tar exits 1 when a file changed while it was read (a live host): not fatal here.
+    set +e +o pipefail
+    tar -C / -cf - --numeric-owner --warning=no-file-changed \
         --exclude='./proc/*' --exclude='./sys/*' --exclude='./dev/*' --exclude='./tmp/*' \
         --exclude='./run/*' --exclude='./opt/*' --exclude='./home/*' --exclude='./root/*' \
         --exclude='./mnt/*' --exclude='./media/*' --exclude='./srv/*' --exclude='./var/cache/*' \
         --exclude='./var/log/*' --exclude='./var/lib/docker' --exclude='./lost+found' \
         --exclude='./usr/local/cuda' --exclude='./usr/local/cuda-*' --exclude='./usr/local/nvidia' \
-        --exclude='./usr/share/doc' --exclude='./usr/share/man' --exclude='./work' \
+        --exclude='./usr/share/doc' --exclude='./usr/share/man' --exclude='./work' --exclude='./farm' \
         --exclude="./${ROOT#/}" --exclude="./${PWD#/}" ${OUT:+--exclude="./${OUT#/}"} \
         . 2>"$ROOT/base-tar.log" \
-        | PATH=$(docker_path) docker -H "$SOCK" import - "$BASE" >/dev/null || {
-            tail -n 5 "$ROOT/base-tar.log" >&2; exit 1; }
+        | PATH=$(docker_path) docker -H "$SOCK" import - "$BASE" >/dev/null
+    statuses="${PIPESTATUS[*]}"
+    set -e -o pipefail
+    read -r tar_rc import_rc <<<"$statuses"
+    if [ "$tar_rc" -gt 1 ] || [ "$import_rc" -ne 0 ]; then
+        echo "standin: base import failed (tar $tar_rc, docker import $import_rc)" >&2
+        tail -n 5 "$ROOT/base-tar.log" >&2
+        exit 1
+    fi
     PATH=$(docker_path) docker -H "$SOCK" run --rm --network none "$BASE" \
         /bin/sh -c 'mkdir -p /tmp && for t in bash python3 gcc g++; do command -v $t >/dev/null || echo "standin: base lacks $t"; done; ls -d /usr/include/python3*/Python.h 2>/dev/null || echo "standin: base lacks Python.h"'
     PATH=$(docker_path) docker -H "$SOCK" image inspect "$BASE" --format 'base {{.Id}} {{.Size}} bytes'
@@ -69,6 +78,16 @@ payload)
     torch_venv=$(python3 -c 'import sys; print(sys.prefix)')
     interpreter=$(python3 -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
     cat "$@" | python3 -c 'import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz").extractall("/", filter="tar")'
+    # One toolkit tree, as the real install makes it: the host's torch venv holds the CUDA
+    # wheels left out of the payload (cuRAND's headers, which FlashInfer's sampler includes,
+    # among them), so their files are linked into the venv's nvidia/cu13 where missing.
+    (cd "$torch_site/nvidia/cu13" && find include lib \( -type f -o -type l \)) | while read -r file; do
+        target="/opt/venv/lib/python3.12/site-packages/nvidia/cu13/$file"
+        [ -e "$target" ] || { mkdir -p "$(dirname "$target")"; ln -s "$torch_site/nvidia/cu13/$file" "$target"; }
+    done
+    # Modes as pip and uv install them: a file the wheel marks executable (0744 in NVIDIA's
+    # wheels) becomes 0755, so the image's non-root user can run nvcc, ptxas and cicc.
+    find /opt/venv -type f -perm -u=x -exec chmod go+rx {} +
     ln -sf "$interpreter" /opt/venv/bin/python3
     ln -sf python3 /opt/venv/bin/python
     ln -sf python3 /opt/venv/bin/python3.12
