@@ -205,9 +205,12 @@ def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(matrix):
     stack = resolve(recipe, matrix).stack
     files = render_context(recipe, stack, matrix)
     dockerfile = files["Dockerfile"]
-    tree = "/opt/venv/lib/python3.12/site-packages/nvidia/cu13"
     assert "CUDA_HOME=/opt/imgfab/cuda \\" in dockerfile
-    assert f'ln -s "{tree}/$part" "/opt/imgfab/cuda/$part"' in dockerfile
+    # made after the payload, from where it is, and checked there: nvcc must run
+    view = dockerfile.index("RUN tree=$(echo /opt/venv/lib/python3*/site-packages/nvidia/cu13)")
+    assert view > dockerfile.rindex("COPY --from=builder /opt/imgfab/layers/")
+    assert 'ln -s "$tree/$part" "/opt/imgfab/cuda/$part"' in dockerfile
+    assert "&& /opt/imgfab/cuda/bin/nvcc --version" in dockerfile
     assert "ln -s ../lib/libcudart.so.13 /opt/imgfab/cuda/lib64/libcudart.so" in dockerfile
     assert "-Wl,-soname,libcuda.so.1 -o /opt/imgfab/cuda/lib64/stubs/libcuda.so" in dockerfile
     assert "apt-get install -y --no-install-recommends g++ gcc" in dockerfile

@@ -365,9 +365,7 @@ def _cuda_view(stack: Stack) -> dict[str, str] | None:
     """The payload toolkit view the runtime stage makes (toolchain: payload rows), or None."""
     if stack.cuda_home != PAYLOAD_CUDA_HOME:
         return None
-    major = stack.cuda.split(".")[0]
-    return {"home": PAYLOAD_CUDA_HOME, "major": major,
-            "tree": f"/opt/venv/lib/python{stack.python}/site-packages/nvidia/cu{major}"}
+    return {"home": PAYLOAD_CUDA_HOME, "major": stack.cuda.split(".")[0]}
 
 
 # Host resources a serving pod requests per GPU: tokenizer and scheduler threads, and host

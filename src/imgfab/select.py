@@ -76,7 +76,7 @@ def driver_verdict(labels: dict[str, str], driver: str) -> Verdict:
     """The image's driver floor and policy (its labels) against a host driver."""
     return check_driver(
         driver, floor=labels[f"{P}.driver.floor"], policy=labels.get(f"{P}.driver.policy", "strict"),
-        cuda=labels.get(f"{P}.cuda", "?"), strict_floor=labels.get(f"{P}.driver.strict_floor") or None,
+        cuda=labels.get(f"{P}.cuda.runtime") or labels.get(f"{P}.cuda", "?"), strict_floor=labels.get(f"{P}.driver.strict_floor") or None,
         compat_floor=labels.get(f"{P}.driver.compat_floor") or None)
 
 

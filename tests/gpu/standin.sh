@@ -10,7 +10,8 @@
 #     which has no toolkit), /opt and the driver's /usr/local/nvidia;
 #   - the payload: the recipe's lock, less the wheels the host's torch venv already holds at
 #     the locked versions (torch, torchvision, torchaudio, triton, the CUDA library wheels),
-#     assembled at /opt/venv and bind-mounted read-only with the host's torch venv.
+#     assembled at /opt/venv and copied into the image in place of the payload layers; the
+#     host's torch venv is bind-mounted read-only beside it.
 # Usage (each a separate step; state lives under $IMGFAB_STANDIN, default /tmp/imgfab-standin):
 #   tests/gpu/standin.sh docker-up DOCKER_TAR_XZ   # unpack Debian's dockerd and start it
 #   tests/gpu/standin.sh base                      # docker import of the host's root filesystem
@@ -98,7 +99,6 @@ payload)
     base_prefix=$(python3 -c 'import sys; print(sys.base_prefix)')
     torch_root=$(dirname "$torch_venv")  # /opt/torch for /opt/torch/.venv
     {
-        echo "/opt/venv:/opt/venv:ro"
         echo "$torch_root:$torch_root:ro"
         echo "/usr/local/nvidia:/usr/local/nvidia:ro"
         case "$base_prefix" in  # the interpreter itself, where the base has no copy of it

@@ -7,7 +7,7 @@ Run on the GPU machine after ``tests/gpu/standin.sh`` (docker-up, base, payload;
 
 The recipe is ``recipes/qwen2-7b-h200.yaml`` (vLLM 0.26.0, torch 2.11.0, CUDA 13), rendered by
 imgfab; its runtime stage is built unchanged but for what :func:`standin_dockerfile` replaces
-(the base, the apt-get of the OS layer, the payload COPYs), and ``imgfab smoke
+(the base, the apt-get of the OS layer, the payload COPYs as one COPY of the venv assembled here), and ``imgfab smoke
 --synthetic-model`` starts it as run.sh, as compose.yaml and as k8s.yaml would, each against a
 random-weight Qwen2 made inside the image. What this does not prove: that the lock installs
 (the payload is the lock's packages, less the host's own torch and CUDA wheels at the same
@@ -39,7 +39,9 @@ _APT = re.compile(r"^(rm -f /etc/apt/apt\.conf\.d/docker-clean|apt-get .*)$")
 def standin_dockerfile(dockerfile: str, base: str) -> tuple[str, list[str]]:
     """The rendered runtime stage with the stand-in's three replacements, and what they
     removed: ``FROM`` the stand-in base; the OS layer without its apt steps (the base holds
-    the packages); no payload ``COPY --from=builder`` (the payload is bind-mounted)."""
+    the packages); the payload ``COPY --from=builder`` layers as one ``COPY venv/ /opt/venv/``
+    of the venv assembled on this host (there is no builder stage here). Everything after,
+    the CUDA_HOME view and its nvcc check included, runs as rendered."""
     stage = dockerfile[dockerfile.index("FROM ${RUNTIME_IMAGE} AS runtime"):]
     removed: list[str] = ["FROM ${RUNTIME_IMAGE} AS runtime"]
     stage = stage.replace("FROM ${RUNTIME_IMAGE} AS runtime", f"FROM {base} AS runtime", 1)
@@ -47,6 +49,8 @@ def standin_dockerfile(dockerfile: str, base: str) -> tuple[str, list[str]]:
     while i < len(lines):
         line = lines[i]
         if line.startswith("COPY --from=builder /opt/imgfab/layers/"):
+            if not any(r.startswith("COPY --from=builder") for r in removed):
+                out.append("COPY venv/ /opt/venv/")
             removed.append(line)
         elif line.startswith("RUN --mount=type=cache,target=/var/cache/apt"):
             logical = []
@@ -86,6 +90,8 @@ def standin_image(tmp_path_factory) -> str:
     text, removed = standin_dockerfile((context / "Dockerfile").read_text(),
                                        os.environ["IMGFAB_STANDIN_BASE"])
     (context / "Dockerfile.standin").write_text(text)
+    # the assembled venv as the build context's venv/ (hard links: no copy of 2 GB)
+    subprocess.run(["cp", "-al", "/opt/venv", str(context / "venv")], check=True)
     built = subprocess.run(["docker", "build", "--network", "host", "-f", "Dockerfile.standin",
                             "-t", IMAGE, "."], cwd=context, capture_output=True,
                            # the classic builder: the stand-in's stage needs no BuildKit, and
@@ -99,8 +105,9 @@ def standin_image(tmp_path_factory) -> str:
 
 
 def _mounts() -> list[str]:
+    """The host trees the container binds read-only (the torch venv, the driver's files)."""
     return [line.strip() for line in Path(os.environ["IMGFAB_STANDIN_MOUNTS"]).read_text().splitlines()
-            if line.strip()]
+            if line.strip() and not line.startswith("/opt/venv:")]
 
 
 def _record(name: str, data: dict) -> None:
@@ -115,6 +122,8 @@ def test_standin_dockerfile_changes_only_base_apt_and_payload():
     text, removed = standin_dockerfile(rendered, "standin")
     assert text.startswith("FROM standin AS runtime")
     assert "apt-get" not in text and "COPY --from=builder" not in text
+    assert text.count("COPY venv/ /opt/venv/") == 1
+    assert text.index("COPY venv/ /opt/venv/") < text.index("RUN tree=$(echo /opt/venv/lib/python3*")
     assert "useradd" in text and "/opt/imgfab/cuda" in text and "ENTRYPOINT" in text
     assert sum(line.startswith("COPY --from=builder") for line in removed) >= 5
 

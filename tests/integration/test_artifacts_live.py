@@ -192,3 +192,34 @@ def test_buildx_bake_builds_the_example_fleet(bridge_index, tmp_path):
         for tag in tags:
             with contextlib.suppress(subprocess.CalledProcessError):
                 _docker("image", "rm", tag)
+
+
+def test_payload_toolchain_view_resolves_and_nvcc_runs_in_the_built_image(tmp_path):
+    """vLLM 0.26.0 (qwen2-7b-h200) compiles FlashInfer's sampler at start with the payload's
+    own nvcc: the built image's CUDA_HOME view points into the venv it really has (on this
+    stand-in a Python 3.11 one), its nvcc runs, libcudart.so and the libcuda.so link stub are
+    there, and verify found the toolkit the view needs."""
+    from fake_payload import locked_index
+
+    recipe_path = _copy_recipe(REPO / "recipes" / "qwen2-7b-h200.yaml", tmp_path, "imgfab-test/view")
+    with locked_index(recipe_path, tmp_path) as (index, lock):
+        built = _build(recipe_path, tmp_path / "ctx", index, lock)
+    assert built["verify"]["passed"], built["verify"]
+    (cuda_home,) = [f for f in built["verify"]["findings"] if f["check"] == "cuda_home"]
+    assert cuda_home["passed"], cuda_home
+    image = built["tags"][0]
+    probe = _docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/bash", image, "-c",
+                    'echo "CUDA_HOME=$CUDA_HOME"; readlink -f "$CUDA_HOME/bin/nvcc"; '
+                    '"$CUDA_HOME/bin/nvcc" --version; readlink -f "$CUDA_HOME/lib64/libcudart.so"; '
+                    'test -f "$CUDA_HOME/include/cuda_runtime.h" && test -f "$CUDA_HOME/include/curand_kernel.h" && echo headers; '
+                    'readelf -d "$CUDA_HOME/lib64/stubs/libcuda.so" | grep -o "libcuda.so.1"',
+                    check=False)
+    lines = probe.stdout.split("\n")
+    assert probe.returncode == 0, probe.stderr
+    assert lines[0] == "CUDA_HOME=/opt/imgfab/cuda"
+    assert lines[1].startswith("/opt/venv/lib/python3") and lines[1].endswith("/site-packages/nvidia/cu13/bin/nvcc")
+    assert "imgfab fake 13.0.88" in lines[2]  # the locked nvidia-cuda-nvcc
+    assert lines[3].endswith("/site-packages/nvidia/cu13/lib/libcudart.so.13")
+    assert "headers" in lines and "libcuda.so.1" in lines
+    labels = json.loads(_docker("image", "inspect", image).stdout)[0]["Config"]["Labels"]
+    assert labels["org.imgfab.jit"] == "flashinfer-sampler"
