@@ -20,10 +20,10 @@ def docker(*args: str) -> str:
 
 
 def stack_of(recipe: Path):
-    from imgfab.compat import load_matrix
+    from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import load_recipe
-    from imgfab.render import render_context
-    from imgfab.resolve import resolve
+    from imgfab.render.context import render_context
+    from imgfab.stack.resolve import resolve
 
     parsed = load_recipe(recipe)
     matrix = load_matrix()
@@ -37,7 +37,7 @@ STAND_IN_PYTHON = ("3.11", "x86_64-manylinux_2_36")  # the local stack's bookwor
 def stand_in_lock(recipe: Path, output: Path, *, pins: dict[str, str] | None = None) -> Path:
     """``recipe`` locked from PyPI for the stand-in bases' interpreter (Python 3.11, glibc
     2.36); ``pins`` replaces top-level pins (e.g. another vLLM patch release)."""
-    from imgfab.lock import lock_recipe
+    from imgfab.payload.lock import lock_recipe
 
     lock_recipe(str(recipe), output=output, upgrade=True, python=STAND_IN_PYTHON[0],
                 platform=STAND_IN_PYTHON[1], extra_pins=pins or None)
@@ -48,7 +48,7 @@ def stand_in_lock(recipe: Path, output: Path, *, pins: dict[str, str] | None = N
 def options_for(payload: str, recipe: Path) -> Iterator:
     """BuildOptions for ``payload``: light (fake wheels on 127.0.0.1, locked against that
     index) or real (PyPI through the host CA bundle, locked for the stand-in bases)."""
-    from imgfab.build import BuildOptions
+    from imgfab.docker.build import BuildOptions
 
     ca = os.environ.get("IMGFAB_CA_CERT")
     base = dict(mirror=os.environ.get("IMGFAB_MIRROR"), network="host",

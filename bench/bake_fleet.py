@@ -49,7 +49,7 @@ def bench_copies(recipes: list[Path], directory: Path, label: str) -> list[Path]
 
 def lock_fleet(recipes: list[Path], index: str, locks: Path) -> None:
     """Each recipe locked against the fake index (hashes of the fake wheels) into locks/<name>.lock."""
-    from imgfab.lock import lock_recipe
+    from imgfab.payload.lock import lock_recipe
     from imgfab.recipe import load_recipe
 
     locks.mkdir(exist_ok=True)

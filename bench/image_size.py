@@ -22,15 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _payload import (
-    add_payload_arguments,
-    bench_recipe,
-    docker,
-    free_bytes,
-    options_for,
-    prune_build_cache,
-    stack_of,
-)
+from _payload import (add_payload_arguments, bench_recipe, docker, free_bytes, options_for,
+                      prune_build_cache, stack_of)
 
 NAIVE = """FROM {builder}
 RUN apt-get update && apt-get install -y python3 python3-venv python3-dev gcc
@@ -45,7 +38,7 @@ CMD ["/opt/venv/bin/vllm", "serve", "/models"]
 
 def _lock_pins(options):
     """The locked packages (name → (version, hashes)) the imgfab image installs."""
-    from imgfab.lock import Lock
+    from imgfab.payload.lock import Lock
 
     return Lock.parse(Path(options.lock).read_text()).packages
 
@@ -56,8 +49,8 @@ def main() -> int:
     parser.add_argument("--naive-tag", default=None, help="default imgfab-bench/naive:<payload>")
     parser.add_argument("--free-before-naive", choices=("auto", "yes", "no"), default="auto")
     args = parser.parse_args()
-    from imgfab import engine
-    from imgfab.build import _pip_conf, base_image_args, build_recipe
+    from imgfab.docker import engine
+    from imgfab.docker.build import _pip_conf, base_image_args, build_recipe
 
     with tempfile.TemporaryDirectory() as scratch, options_for(args.payload, args.recipe) as options:
         repository = args.repository

@@ -50,7 +50,7 @@ ALL = ("install", "push", "registry", "serving", "bump", "largest", "repro")
 
 
 def _registry():
-    from imgfab import registry
+    from imgfab.docker import registry
 
     host = os.environ.get("IMGFAB_REGISTRY", "127.0.0.1:5000")
     return host, registry.Credentials.load(host)
@@ -59,7 +59,7 @@ def _registry():
 def push_measured(local_ref: str, repository: str, tag: str) -> dict:
     """Push; returns seconds, bytes uploaded (layers the daemon reported ``Pushed``) and the
     image's compressed size and layers (manifest)."""
-    from imgfab import registry
+    from imgfab.docker import registry
 
     host, credentials = _registry()
     lines: list[str] = []
@@ -81,7 +81,7 @@ def push_measured(local_ref: str, repository: str, tag: str) -> dict:
 @contextlib.contextmanager
 def payload_options(payload: str, recipe: Path, scratch: Path, *, salt: str = "",
                     pins: dict[str, str] | None = None):
-    from imgfab.build import BuildOptions
+    from imgfab.docker.build import BuildOptions
 
     ca = os.environ.get("IMGFAB_CA_CERT")
     base = dict(mirror=os.environ.get("IMGFAB_MIRROR"), network="host", ca_cert=Path(ca) if ca else None)
@@ -102,7 +102,7 @@ PRUNE_AFTER_BUILD = False  # --payload real: each builder stage holds ~11 GB of 
 
 def build(recipe: Path, options, directory: Path, repository: str, text: str | None = None, *,
           prune: bool = False):
-    from imgfab.build import build_recipe
+    from imgfab.docker.build import build_recipe
 
     directory.mkdir(parents=True, exist_ok=True)
     copy = bench_recipe(recipe, directory, repository, text)
@@ -127,7 +127,7 @@ def bench_install(payload: str, scratch: Path, results: dict) -> None:
         index = options.pip_index_url or "https://pypi.org/simple"
         env = dict(os.environ, UV_LINK_MODE="copy", PIP_CONFIG_FILE=os.devnull,
                    SSL_CERT_FILE=os.environ.get("IMGFAB_CA_CERT") or "/etc/ssl/certs/ca-certificates.crt")
-        from imgfab.lock import uv_binary
+        from imgfab.payload.lock import uv_binary
 
         times = {}
         for tool in ("uv", "pip"):
@@ -147,7 +147,7 @@ def bench_install(payload: str, scratch: Path, results: dict) -> None:
 
 
 def bench_push(payload: str, scratch: Path, results: dict, run: str) -> None:
-    from imgfab import engine
+    from imgfab.docker import engine
 
     with payload_options(payload, QWEN, scratch / "push-lock", salt=uuid.uuid4().hex) as options:
         layered = build(QWEN, options, scratch / "push-layered", f"imgfab-bench/push-layered-{run}", prune=True)
@@ -199,7 +199,7 @@ def bench_fleet(payload: str, scratch: Path, results: dict, run: str, only: set[
                              pins={"vllm": bump_vllm}) as options:
             bumped = build(QWEN, options, scratch / "qwen-bump", qwen_repo)
             again = push_measured(bumped.tags[0], qwen_repo, f"{tag}-bump")
-            from imgfab.lock import Lock
+            from imgfab.payload.lock import Lock
 
             groups = Lock.parse(Path(options.lock).read_text()).layers()
             names = {diff: group for group, diff in _payload_layers(bumped, groups).items()}
@@ -212,7 +212,7 @@ def bench_fleet(payload: str, scratch: Path, results: dict, run: str, only: set[
 def _payload_layers(built, groups: list[str]) -> dict[str, str]:
     """``{group: diff id}``: the runtime's payload COPYs follow its base's layers and its OS
     layer, one per lock group in order (as tests/integration/test_payload_layers.py reads them)."""
-    from imgfab import registry
+    from imgfab.docker import registry
 
     layers = json.loads(docker("image", "inspect", built.tags[0]))[0]["RootFS"]["Layers"]
     base = built.base_images["RUNTIME_IMAGE"]
@@ -239,8 +239,8 @@ def _hashes(ref: str) -> dict[str, str]:
 
 
 def bench_repro(payload: str, scratch: Path, results: dict, run: str) -> None:
-    from imgfab import engine
-    from imgfab.lock import Lock
+    from imgfab.docker import engine
+    from imgfab.payload.lock import Lock
 
     runs = []
     with payload_options(payload, QWEN, scratch / "repro-lock", salt=uuid.uuid4().hex) as options:

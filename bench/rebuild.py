@@ -21,7 +21,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_payload_arguments(parser)
     args = parser.parse_args()
-    from imgfab.build import build_recipe
+    from imgfab.docker.build import build_recipe
 
     repository = args.repository
     if repository is None:

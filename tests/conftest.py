@@ -12,7 +12,7 @@ RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 @pytest.fixture(scope="session")
 def matrix():
-    from imgfab.compat import load_matrix
+    from imgfab.matrix.compat import load_matrix
 
     return load_matrix()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from imgfab.errors import ImgfabError, RecipeError
-from imgfab.shapes import SHAPES
+from imgfab.render.shapes import SHAPES
 
 
 class _Context:
@@ -34,7 +34,7 @@ def _fail(error: ImgfabError) -> None:
 def _driver_option(value: str | None, flag: str = "--driver") -> str | None:
     if value is None:
         return None
-    from imgfab.rules import parse_version
+    from imgfab.in_image.rules import parse_version
 
     try:
         parse_version(value)
@@ -45,9 +45,9 @@ def _driver_option(value: str | None, flag: str = "--driver") -> str | None:
 
 
 def _load(recipe_path: str, compat_dir: str | None, driver: str | None):
-    from imgfab.compat import load_matrix
+    from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import load_recipe
-    from imgfab.resolve import Host, resolve
+    from imgfab.stack.resolve import Host, resolve
 
     recipe = load_recipe(recipe_path)
     matrix = load_matrix(Path(compat_dir) if compat_dir else None)
@@ -76,7 +76,7 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
     """Print the stack RECIPE resolves to and why each other candidate was rejected."""
     from dataclasses import replace
 
-    from imgfab.lock import committed_lock, served_stack
+    from imgfab.payload.lock import committed_lock, served_stack
     from imgfab.report import print_resolution
 
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
@@ -111,9 +111,9 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
 
     An existing output directory is replaced only when it holds a previous render (or is
     empty); anything else needs --force."""
-    from imgfab.render import render_context, write_context
+    from imgfab.render.context import render_context, write_context
 
-    from imgfab.lock import committed_lock
+    from imgfab.payload.lock import committed_lock
 
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
     files = render_context(parsed, resolution.stack, matrix,
@@ -140,9 +140,9 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
 def matrix(gpu: str, driver: str, policy: str, precision: str, as_json: bool,
            compat_dir: str | None) -> None:
     """Which stacks fit a host (GPU + driver), and why the others don't."""
-    from imgfab.compat import load_matrix
+    from imgfab.matrix.compat import load_matrix
     from imgfab.report import print_host_fit
-    from imgfab.resolve import fits_host
+    from imgfab.stack.resolve import fits_host
 
     loaded = load_matrix(Path(compat_dir) if compat_dir else None)
     rows = fits_host(loaded, gpu, _driver_option(driver) or driver, policy, precision)
@@ -181,9 +181,9 @@ def bases(recipes: tuple[str, ...], compat_dir: str | None) -> None:
 
 def _host_gpu(driver: str | None, gpu: str | None):
     """--driver/--gpu, or this host's NVML when either is omitted."""
-    from imgfab.compat import load_matrix
-    from imgfab.probe import load_nvml, read_host
-    from imgfab.select import HostGpu
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.in_image.facts import load_nvml, read_host
+    from imgfab.ops.select import HostGpu
 
     if driver is None or gpu is None:
         facts = read_host(load_nvml())
@@ -210,9 +210,9 @@ def _host_gpu(driver: str | None, gpu: str | None):
 def select_image(repository: str, driver: str | None, gpu: str | None, model: str | None,
                  backend: str | None, explain: bool, as_json: bool) -> None:
     """Print the digest reference of the newest published image that fits a host."""
-    from imgfab import registry
+    from imgfab.docker import registry
     from imgfab.errors import CompatibilityError, RegistryError
-    from imgfab.select import Published, choose, what_host_needs
+    from imgfab.ops.select import Published, choose, what_host_needs
 
     host = _host_gpu(driver, gpu)
     registry_host = repository.split("/", 1)[0]
@@ -259,6 +259,12 @@ def _mount_option(value: str) -> tuple[str, str, bool]:
     return parts[0], parts[1], read_only
 
 
+def _build_smoke():
+    from imgfab.ops.smoke_shapes import build_smoke
+
+    return build_smoke
+
+
 @cli.command()
 @click.argument("image")
 @click.option("--weights", type=click.Path(file_okay=False, exists=True),
@@ -290,56 +296,30 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
           cache_volume: str | None, timeout_s: float, no_memlock: bool, as_json: bool) -> None:
     """Start IMAGE in each run shape with its recipe's settings, wait for health, ask /v1/models,
     /v1/completions and /v1/chat/completions (streamed), and report each shape."""
-    from imgfab import engine
-    from imgfab import smoke_shapes as runner
-    from imgfab.smoke import RunSettings
+    from imgfab.ops.smoke_shapes import smoke_command
 
     if bool(weights) == synthetic_model:
         raise RecipeError("give either --weights DIR or --synthetic-model", field="--weights",
                           fix="--synthetic-model proves start-up and serving without the weights")
-    mounts = [_mount_option(m) for m in extra_mounts]
     env = {}
     for item in extra_env:
         key, sep, value = item.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise RecipeError(f"{item!r} is not KEY=VALUE", field="--env", fix="e.g. --env LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
+            raise RecipeError(f"{item!r} is not KEY=VALUE", field="--env",
+                              fix="e.g. --env LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
         env[key] = value
-    config = engine.inspect_image(image).get("Config") or {}
-    labels = config.get("Labels") or {}
-    if "org.imgfab.model.mount" not in labels:
-        raise RecipeError(f"{image} has no org.imgfab labels", field="IMAGE", fix="smoke an image built by imgfab")
-    uid = runner.image_uid(str(config.get("User") or ""))
-    names = SHAPES if "all" in shape_names else tuple(dict.fromkeys(shape_names))
-    directory, note = None, ""
-    if synthetic_model:
-        architecture = architecture or runner.model_architecture(labels.get("org.imgfab.model.id", ""))
-        if architecture is None:
-            raise RecipeError(f"compat/models.yaml has no architecture for {labels.get('org.imgfab.model.id')}",
-                              field="--architecture", fix="name it, e.g. --architecture LlamaForCausalLM")
-        directory = runner.synthetic_directory()
-        weights = str(directory)
-        note = runner.SYNTHETIC_NOTE.format(architecture=architecture)
-    try:
-        if directory is not None:
-            runner.make_synthetic_model(image, directory, architecture, mounts=mounts, engine=engine)
-        ulimits = {"stack": 67108864} if no_memlock else {"memlock": -1, "stack": 67108864}
-        settings = RunSettings(
-            gpus=None if gpus == "none" else gpus, shm_size=int(labels["org.imgfab.shm.min_bytes"]),
-            ulimits=ulimits,
-            mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True), *mounts),
-            env=env, devices=devices, network=None if network == "bridge" else network,
-            container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
-            completions=True, extra_body=dict(runner.SYNTHETIC_BODY) if synthetic_model else {})
-        report = runner.smoke_shapes(image, settings, names, uid=uid, cache_volume=cache_volume,
-                                     engine=engine, weights=str(weights), synthetic_note=note)
-    finally:
-        if directory is not None:
-            runner.remove_directory(directory)
+    report = smoke_command(
+        image, weights=Path(weights) if weights else None, architecture=architecture,
+        shapes=SHAPES if "all" in shape_names else tuple(dict.fromkeys(shape_names)),
+        gpus=None if gpus == "none" else gpus, devices=devices,
+        mounts=[_mount_option(m) for m in extra_mounts], env=env,
+        network=None if network == "bridge" else network, cache_volume=cache_volume,
+        timeout_s=timeout_s, memlock=not no_memlock)
     if as_json:
         click.echo(report.to_json())
     else:
-        if note:
-            click.echo(f"weights: {note}")
+        if report.synthetic:
+            click.echo(f"weights: {report.weights}")
         for shape in report.shapes:
             state = "passed" if shape.passed else "FAILED"
             started = f"{shape.healthy_after_s:.1f} s" if shape.healthy_after_s is not None else "-"
@@ -357,12 +337,12 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
 @click.option("--json", "as_json", is_flag=True)
 def doctor(image: str | None, as_json: bool) -> None:
     """Check this host for what GPU inference images need; each finding with its fix."""
-    from imgfab import doctor as checks
-    from imgfab import engine
+    from imgfab.ops import doctor as checks
+    from imgfab.docker import engine
 
     labels = None
     if image:
-        from imgfab import registry
+        from imgfab.docker import registry
 
         credentials = registry.Credentials.load(image.split("/", 1)[0])
         labels = registry.image_labels(image, credentials)
@@ -418,18 +398,19 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="build one recipe per --lock")
     if bake_file:
-        from imgfab.bake import write_bake
+        from imgfab.render.bake import write_bake
 
         written = write_bake(list(recipes), Path(bake_file), mirror=mirror)
         click.echo(f"wrote {written}")
         return
-    from imgfab.build import BuildOptions, BuildProgress, build_recipe
+    from imgfab.docker.build import BuildOptions, BuildProgress, build_recipe
 
     password = sys.stdin.read().rstrip("\r\n") if password_stdin else None
     options = BuildOptions(mirror=mirror, ca_cert=Path(ca_cert) if ca_cert else None,
                            pip_index_url=pip_index_url, network=network, pin_digests=pin_digests,
                            push=push, registry=registry, registry_user=registry_user,
                            registry_password=password, smoke=smoke,
+                           smoke_hook=_build_smoke() if smoke else None,
                            weights=Path(weights) if weights else None, smoke_gpus=smoke_gpus,
                            smoke_memlock=not no_memlock,
                            compat_dir=Path(compat_dir) if compat_dir else None,
@@ -471,7 +452,7 @@ def lock(recipes: tuple[str, ...], check: bool, upgrade: bool, index_url: str | 
          output: str | None, python_version: str | None, python_platform: str | None,
          compat_dir: str | None) -> None:
     """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock."""
-    from imgfab.lock import check_lock, lock_recipe
+    from imgfab.payload.lock import check_lock, lock_recipe
 
     compat_path = Path(compat_dir) if compat_dir else None
     if check:
@@ -530,8 +511,8 @@ def compat() -> None:
               help="Do not read GPU code from wheels; carry fatbin_* fields over.")
 def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool) -> None:
     """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata and wheel GPU code."""
-    from imgfab.refresh import refresh
-    from imgfab.wheel_payload import PayloadCache
+    from imgfab.matrix.refresh import refresh
+    from imgfab.matrix.wheels import PayloadCache
 
     read_archs = None if no_fatbin else PayloadCache(Path(payload_cache)).archs
     changes = refresh(Path(compat_dir), read_archs=read_archs)
@@ -551,7 +532,7 @@ def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool) -> None
 def push(image: str, registry_host: str, registry_user: str | None, password_stdin: bool,
          attempts: int) -> None:
     """Push local IMAGE to REGISTRY (same repository and tag); print the digest reference."""
-    from imgfab.registry import Credentials, push as push_to_registry, retarget
+    from imgfab.docker.registry import Credentials, push as push_to_registry, retarget
 
     password = sys.stdin.read().rstrip("\r\n") if password_stdin else None
     target = retarget(image, registry_host)
@@ -575,7 +556,7 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
          lock_dir: str | None, compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
-    from imgfab.bake import write_bake
+    from imgfab.render.bake import write_bake
 
     written = write_bake(list(recipes), Path(output), mirror=mirror or None,
                          registry=registry_host or None,
@@ -597,7 +578,7 @@ def ci() -> None:
                                    "(default: build them with --engine-at-start).")
 def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None) -> None:
     """Print a GitHub Actions workflow: one job per recipe, push on v* tags."""
-    from imgfab.ci import github_workflow
+    from imgfab.render.ci import github_workflow
 
     click.echo(github_workflow(list(recipes) or None, registry=registry_host,
                                gpu_runner=gpu_runner), nl=False)

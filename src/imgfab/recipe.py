@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from imgfab.errors import RecipeError
-from imgfab.rules import POLICIES, STRICT, parse_version
+from imgfab.in_image.rules import POLICIES, STRICT, parse_version
 
 # A value that reaches a Dockerfile, a shell script or a YAML manifest: no whitespace, quotes,
 # or shell metacharacters. Hugging Face ids are "org/name" with [A-Za-z0-9._-].

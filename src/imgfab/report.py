@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from imgfab.compat import BackendRelease, Matrix
-from imgfab.resolve import Rejection, Resolution
+from imgfab.matrix.compat import BackendRelease, Matrix
+from imgfab.stack.resolve import Rejection, Resolution
 
 
 def print_resolution(resolution: Resolution) -> None:

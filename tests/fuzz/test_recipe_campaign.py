@@ -136,7 +136,7 @@ def recipe_texts(draw) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def matrix():
-    from imgfab.compat import load_matrix
+    from imgfab.matrix.compat import load_matrix
 
     return load_matrix()
 
@@ -165,8 +165,8 @@ def _one_line(error) -> None:
           suppress_health_check=list(HealthCheck))
 @given(case=recipe_texts())
 def test_fuzzed_recipe_is_rendered_or_refused_in_one_line(case, matrix, tmp_path_factory):
-    from imgfab.render import render_context
-    from imgfab.resolve import resolve
+    from imgfab.render.context import render_context
+    from imgfab.stack.resolve import resolve
 
     kind, text = case
     path = tmp_path_factory.getbasetemp() / "fuzz.yaml"

@@ -1,7 +1,7 @@
 """The in-image probe on a real GPU: real NVML answers, a real CUDA matmul, real refusals.
 
 Run on the GPU machine: ``pytest -m gpu tests/gpu -q``. The probe runs as a subprocess the
-way an image runs it (``python -m imgfab.probe`` with ``PYTHONPATH`` at the package), against
+way an image runs it (``python -m imgfab.in_image.probe`` with ``PYTHONPATH`` at the package), against
 label sets written here; nvidia-smi is the independent witness for what NVML should report.
 """
 
@@ -63,7 +63,7 @@ def probe(tmp_path: Path, labels: dict[str, str]) -> tuple[int, dict]:
     image_json.write_text(json.dumps(labels))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, "-m", "imgfab.probe", "--image-json",
+    done = subprocess.run([sys.executable, "-m", "imgfab.in_image.probe", "--image-json",
                            str(image_json), "--json"], capture_output=True, text=True, env=env,
                           timeout=300)
     report = json.loads(done.stdout)

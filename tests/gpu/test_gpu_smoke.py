@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from imgfab import smoke
+from imgfab.ops import smoke
 
 pytestmark = pytest.mark.gpu
 

@@ -90,7 +90,7 @@ def _weights(directory: Path, name: str) -> Path:
 def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
     from fake_payload import locked_index
     from imgfab.recipe import load_recipe
-    from imgfab.smoke import free_port, run_smoke
+    from imgfab.ops.smoke import free_port, run_smoke
 
     recipe_path = _copy_recipe(REPO / "recipes" / f"{recipe_name}.yaml", tmp_path,
                                f"imgfab-test/compose-{recipe_name}")
@@ -128,7 +128,7 @@ def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
         host_config = json.loads(_docker("inspect", container).stdout)[0]["HostConfig"]
         assert host_config["ReadonlyRootfs"] is True
         assert set(host_config["Tmpfs"]) == {"/tmp", "/home/imgfab"}
-        from imgfab.render import size_bytes
+        from imgfab.render.context import size_bytes
 
         assert host_config["ShmSize"] == size_bytes(recipe.image.shm_size)
         writable = _docker("exec", container, "sh", "-c",
@@ -137,7 +137,7 @@ def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
         assert writable.stdout.strip() == "ok", writable.stderr
         # Serving loads the code it compiles (Triton, FlashInfer, torch Inductor) from /tmp, the
         # home and the JIT cache: none of them may be noexec (Docker's tmpfs default).
-        from imgfab.shapes import noexec_code_paths
+        from imgfab.render.shapes import noexec_code_paths
 
         mounts = _docker("exec", container, "cat", "/proc/mounts").stdout
         assert noexec_code_paths(mounts) == [], mounts
@@ -152,7 +152,7 @@ def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
 
 @pytest.mark.engine_crash_risk
 def test_buildx_bake_builds_the_example_fleet(bridge_index, tmp_path):
-    from imgfab.lock import lock_recipe
+    from imgfab.payload.lock import lock_recipe
 
     buildx = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docker-buildx"))
     assert Path(buildx).exists(), "docker-buildx missing: scripts/local-stack.sh up installs it"

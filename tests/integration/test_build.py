@@ -210,7 +210,7 @@ def test_look_inside(which, request, work, tmp_path):
 
 
 def test_vllm_serves_and_smokes(vllm_image, tmp_path):
-    from imgfab.smoke import free_port, run_smoke
+    from imgfab.ops.smoke import free_port, run_smoke
 
     weights = tmp_path / "weights"
     weights.mkdir()
@@ -244,7 +244,7 @@ def test_serving_change_rebuilds_no_builder_step(vllm_image, work, tmp_path):
     started = time.monotonic()
     rebuilt = imgfab_build(recipe, root, ca)
     elapsed = time.monotonic() - started
-    from imgfab.engine import BuildLogParser
+    from imgfab.docker.engine import BuildLogParser
 
     parser = BuildLogParser()
     for line in rebuilt["log"].splitlines():
@@ -264,13 +264,13 @@ def test_serving_change_rebuilds_no_builder_step(vllm_image, work, tmp_path):
 
 
 def test_verify_rejects_root_and_git(tmp_path):
-    from imgfab import engine
+    from imgfab.docker import engine
     from imgfab.errors import ValidationFailed
-    from imgfab.verify import VerifyPolicy, verify_image
+    from imgfab.docker.verify import VerifyPolicy, verify_image
 
-    from imgfab.compat import load_matrix
+    from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import load_recipe
-    from imgfab.resolve import resolve
+    from imgfab.stack.resolve import resolve
 
     # A base the local stack mirrors: the vLLM example's own runtime base (no fixed tag).
     stand_in = f"{MIRROR}/{resolve(load_recipe(VLLM), load_matrix()).stack.runtime_image}"
@@ -313,7 +313,7 @@ def _select(*args: str) -> subprocess.CompletedProcess:
 def test_build_push_then_select_for_a_host_table(vllm_image, trtllm_image, trtllm_engine_image, work):
     """`imgfab build --push` to the real registry, then `imgfab select` over a fleet repository
     holding images built by `imgfab build` for different CUDA floors, GPU archs and backends."""
-    from imgfab import registry
+    from imgfab.docker import registry
 
     root, ca, _ = work
     pushed = imgfab_build(VLLM, root, ca, "--push", "--registry", REGISTRY)
@@ -399,7 +399,7 @@ def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
 
 @pytest.mark.parametrize("healthy", [True, False], ids=["smoke-passes", "smoke-fails"])
 def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
-    from imgfab import registry
+    from imgfab.docker import registry
 
     root, ca, _ = work
     repository = f"imgfab-test/smoke-{uuid.uuid4().hex[:8]}"

@@ -64,7 +64,7 @@ def _build(recipe: Path, url: str, lock: Path, out: Path, *extra: str) -> dict:
 
 def payload_layers(built: dict, groups: list[str]) -> dict[str, str]:
     """``{group: diff id}``: the runtime's payload COPYs follow its base and its OS layer."""
-    from imgfab import registry
+    from imgfab.docker import registry
 
     ref = built["tags"][0]
     layers = json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True,
@@ -85,7 +85,7 @@ def _history(ref: str) -> str:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     from fake_payload import locked_index
-    from imgfab.lock import Lock
+    from imgfab.payload.lock import Lock
 
     root = tmp_path_factory.mktemp("layers")
     refs = []

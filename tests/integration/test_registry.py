@@ -1,4 +1,4 @@
-"""imgfab.registry against the local stack's registry (docker distribution, htpasswd auth).
+"""imgfab.docker.registry against the local stack's registry (docker distribution, htpasswd auth).
 
 Needs `scripts/local-stack.sh up` and `source .stack/env`. Without DOCKER_HOST the module is
 skipped locally; under CI=true a missing or dead stack fails instead.
@@ -63,7 +63,7 @@ def docker_client():
 
 @pytest.fixture(scope="module")
 def credentials():
-    from imgfab.registry import Credentials
+    from imgfab.docker.registry import Credentials
 
     return Credentials.load(REGISTRY)
 
@@ -125,7 +125,7 @@ def imgfab(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 # --- push -------------------------------------------------------------------------------------
 
 def test_push_returns_digest_ref_that_head_confirms(tiny_image, credentials):
-    from imgfab.registry import image_config, list_tags, push, resolve_digest
+    from imgfab.docker.registry import image_config, list_tags, push, resolve_digest
 
     local, token = tiny_image()
     target = f"{REGISTRY}/imgfab-test/pushed:{token}"
@@ -148,7 +148,7 @@ def test_cli_push_prints_the_digest_ref(tiny_image, password):
 
 
 def test_wrong_password_exits_1_one_line_and_pushes_nothing(tiny_image, credentials):
-    from imgfab.registry import list_tags
+    from imgfab.docker.registry import list_tags
 
     repository = f"imgfab-test/refused-{uuid.uuid4().hex[:8]}"
     local, _ = tiny_image(repository)
@@ -166,7 +166,7 @@ def test_wrong_password_exits_1_one_line_and_pushes_nothing(tiny_image, credenti
 
 def test_wrong_password_is_not_retried(tiny_image, password):
     from imgfab.errors import RegistryError
-    from imgfab.registry import Credentials, push
+    from imgfab.docker.registry import Credentials, push
 
     local, token = tiny_image()
     with FlakyProxy(("127.0.0.1", int(REGISTRY.rsplit(":", 1)[1])), drop=0) as proxy:
@@ -182,8 +182,8 @@ def test_flaky_network_push_is_retried_then_succeeds(tiny_image, password, monke
                                                      credentials):
     """The daemon's first two connections are reset: two failed attempts, the third pushes.
     Credentials are keyed by host:port, so the proxy's address gets them explicitly."""
-    from imgfab import registry
-    from imgfab.registry import Credentials, push, resolve_digest
+    from imgfab.docker import registry
+    from imgfab.docker.registry import Credentials, push, resolve_digest
 
     monkeypatch.setattr(registry, "BACKOFF_S", 0.1)
     local, token = tiny_image()
@@ -202,8 +202,8 @@ def test_flaky_network_push_is_retried_then_succeeds(tiny_image, password, monke
 
 
 def test_flaky_auth_probe_is_retried(tiny_image, password, monkeypatch):
-    from imgfab import registry
-    from imgfab.registry import Credentials, push
+    from imgfab.docker import registry
+    from imgfab.docker.registry import Credentials, push
 
     monkeypatch.setattr(registry, "BACKOFF_S", 0.1)
     local, token = tiny_image()
@@ -219,9 +219,9 @@ def test_flaky_auth_probe_is_retried(tiny_image, password, monkeypatch):
 
 
 def test_gives_up_after_attempts_with_the_last_error(tiny_image, password, monkeypatch):
-    from imgfab import registry
+    from imgfab.docker import registry
     from imgfab.errors import RegistryError
-    from imgfab.registry import Credentials, push
+    from imgfab.docker.registry import Credentials, push
 
     monkeypatch.setattr(registry, "BACKOFF_S", 0.05)
     local, token = tiny_image()
@@ -248,7 +248,7 @@ def test_registry_down_exits_1_one_line(tiny_image):
 
 def test_registry_down_read_api_is_one_error():
     from imgfab.errors import RegistryError
-    from imgfab.registry import Credentials, resolve_digest
+    from imgfab.docker.registry import Credentials, resolve_digest
 
     port = _closed_port()
     with pytest.raises(RegistryError, match=f"cannot reach registry 127.0.0.1:{port}: "
@@ -259,7 +259,7 @@ def test_registry_down_read_api_is_one_error():
 # --- read API ---------------------------------------------------------------------------------
 
 def test_resolve_digest_on_a_mirror_ref(credentials):
-    from imgfab.registry import list_tags, resolve_digest
+    from imgfab.docker.registry import list_tags, resolve_digest
 
     tags = list_tags(f"{MIRROR}/nvidia/cuda", credentials)
     assert tags, "scripts/local-stack.sh up pushes stand-ins under the mirror"
@@ -271,14 +271,14 @@ def test_resolve_digest_on_a_mirror_ref(credentials):
 
 def test_resolve_digest_unknown_tag_is_one_error(credentials):
     from imgfab.errors import RegistryError
-    from imgfab.registry import resolve_digest
+    from imgfab.docker.registry import resolve_digest
 
     with pytest.raises(RegistryError, match="is not in registry"):
         resolve_digest(f"{MIRROR}/nvidia/cuda:no-such-tag", credentials)
 
 
 def test_list_tags_follows_link_pagination(tiny_image, credentials, docker_client):
-    from imgfab.registry import list_tags, push
+    from imgfab.docker.registry import list_tags, push
 
     local, _ = tiny_image()
     repository = f"{REGISTRY}/imgfab-test/paged-{uuid.uuid4().hex[:8]}"
@@ -291,7 +291,7 @@ def test_list_tags_follows_link_pagination(tiny_image, credentials, docker_clien
 
 
 def test_image_config_labels_from_the_mirror(credentials):
-    from imgfab.registry import image_config, list_tags
+    from imgfab.docker.registry import image_config, list_tags
 
     tag = sorted(list_tags(f"{MIRROR}/nvidia/cuda", credentials))[0]
     config = image_config(f"{MIRROR}/nvidia/cuda:{tag}", credentials)

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from imgfab import trtllm
-from imgfab.lock import Lock
+from imgfab.render import trtllm
+from imgfab.payload.lock import Lock
 from imgfab.recipe import load_recipe
-from imgfab.render import render_context, write_context
-from imgfab.resolve import resolve
+from imgfab.render.context import render_context, write_context
+from imgfab.stack.resolve import resolve
 
 pytestmark = pytest.mark.integration
 

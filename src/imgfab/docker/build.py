@@ -1,0 +1,388 @@
+"""Recipe → built, verified (optionally smoke-tested and pushed) image.
+
+:func:`build_recipe` is the whole flow for one recipe:
+
+1. load, resolve, take the recipe's fresh lock (``recipes/<name>.lock``, or ``--lock``) and
+   render the build context into ``build/<name>`` (or ``--output``);
+2. map the Dockerfile's base-image arguments through the mirror (``ref`` →
+   ``{mirror}/{ref}``), optionally pinned to the digest the registry serves now;
+3. ``docker build`` through :mod:`imgfab.docker.engine` with the CA bundle and a pip configuration as
+   BuildKit secrets (the pip.conf is a temporary file outside the context, gone afterwards);
+4. tag ``<registry>/<repository>:<tag>`` (with a registry) and ``<repository>:<tag>``;
+5. :mod:`imgfab.docker.verify` (a rejected image loses its tags: nothing half-written remains);
+6. optionally the smoke test the caller passes (``BuildOptions.smoke_hook``: imgfab smoke's
+   run shapes; a failed smoke blocks the push);
+7. optionally push through :mod:`imgfab.docker.registry`.
+
+Errors are the typed ones of :mod:`imgfab.errors`: bad options are :class:`RecipeError`
+(exit 2), Docker / registry / a failed check exit 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets as random_secrets
+import tempfile
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from imgfab.docker import engine
+from imgfab.errors import RecipeError, ValidationFailed, redact
+
+# Extra pip.conf settings from the environment (the secret never reaches a layer, and a
+# secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
+# IMGFAB_PIP_TIMEOUT / IMGFAB_PIP_RETRIES make an unreachable extra index fail fast.
+_PIP_ENV_SETTINGS = {"IMGFAB_PIP_TIMEOUT": "timeout", "IMGFAB_PIP_RETRIES": "retries"}
+
+
+@dataclass
+class BuildOptions:
+    """The ``imgfab build`` options (see the CLI help for each)."""
+
+    output: Path | None = None
+    mirror: str | None = None
+    ca_cert: Path | None = None
+    pip_index_url: str | None = None
+    network: str | None = None
+    pin_digests: bool = False
+    push: bool = False
+    registry: str | None = None
+    registry_user: str | None = None
+    registry_password: str | None = None
+    smoke: bool = False
+    weights: Path | None = None
+    smoke_gpus: str = "all"
+    smoke_memlock: bool = True  # False keeps the engine's memlock ulimit (nested engines)
+    # The smoke test (image, recipe, options) → report dict: imgfab.ops.smoke_shapes.build_smoke,
+    # passed in by the command line (ops sits above this station, so build never imports it).
+    smoke_hook: Any = None
+    compat_dir: Path | None = None
+    compile: str = "auto"  # TensorRT engine path: auto | two-phase | at-start
+    engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
+    lock: Path | None = None  # the payload lock (default: the recipe's committed, fresh lock)
+    no_cache: bool = False  # build every step again (BuildKit cache mounts are kept)
+
+
+@dataclass
+class BuiltImage:
+    """What one recipe's build produced (the ``--json`` object, one per recipe)."""
+
+    recipe: str
+    context: str
+    image_id: str
+    tags: list[str]
+    size_bytes: int
+    duration_s: float
+    steps: int
+    cached_steps: int
+    cached_by_stage: dict[str, list[int]]
+    base_images: dict[str, str]
+    verify: dict[str, Any]
+    smoke: dict[str, Any] | None = None
+    pushed: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object, every URL password redacted."""
+        import json  # noqa: PLC0415
+
+        return json.loads(redact(json.dumps(asdict(self))))
+
+
+def _check_options(options: BuildOptions) -> None:
+    if options.ca_cert is not None and not Path(options.ca_cert).is_file():
+        raise RecipeError(f"{options.ca_cert} is not a file", field="--ca-cert",
+                          fix="give a PEM CA bundle, e.g. /etc/ssl/certs/ca-certificates.crt")
+    if options.pip_index_url is not None:
+        check_pip_index_url(options.pip_index_url)
+    if options.push and not options.registry:
+        raise RecipeError("--push needs a registry", field="--registry",
+                          fix="pass --registry HOST or set IMGFAB_REGISTRY")
+    if options.smoke and options.weights is None:
+        raise RecipeError("--smoke needs the weights to serve", field="--weights",
+                          fix="pass --weights DIR (mounted read-only at the mount path)")
+    if options.network not in (None, "host", "default", "none"):
+        raise RecipeError(f"unsupported build network {options.network!r}", field="--network",
+                          fix="use --network host (to reach an index on 127.0.0.1)")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_pip_index_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host and no control characters or spaces;
+    RecipeError otherwise (the message never shows its password)."""
+    parts = urllib.parse.urlsplit(url) if not _CONTROL.search(url) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+            or " " in url or len(url) > 2048:
+        raise RecipeError(f"{redact(repr(url)[:200])} is not an http(s) URL", field="--pip-index-url",
+                          fix="e.g. https://pypi.example.com/simple (no spaces or line breaks)")
+    return url
+
+
+def pip_conf_text(settings: dict[str, str]) -> str:
+    """A pip.conf ``[global]`` section of ``settings``, refusing any key or value that could
+    start another line or section (control characters, ``[``/``=`` in keys)."""
+    lines = ["[global]"]
+    for key, value in settings.items():
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or _CONTROL.search(value) \
+                or value != value.strip():
+            raise RecipeError(f"pip setting {key} has a value pip.conf cannot hold",
+                              field="--pip-index-url",
+                              fix="remove line breaks and control characters")
+        lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _pip_conf(index_url: str, directory: Path) -> Path:
+    settings = {"index-url": check_pip_index_url(index_url)}
+    for variable, key in sorted(_PIP_ENV_SETTINGS.items()):
+        value = os.environ.get(variable)
+        if value:
+            if not re.fullmatch(r"[0-9]{1,4}", value):
+                raise RecipeError(f"{variable}={value[:20]!r} is not a whole number of at most "
+                                  "4 digits", field=variable, fix="e.g. 15")
+            settings[key] = value
+    path = directory / "pip.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(pip_conf_text(settings))
+    os.chmod(path, 0o600)
+    return path
+
+
+def pip_source_key(cache: Path | None = None) -> bytes:
+    """The random key of this build cache (``$XDG_CACHE_HOME/imgfab/pip-source.key``, made on
+    first use, mode 0600) that keys the pip-source fingerprint: a build arg that changes when
+    the index changes, and from which no password can be guessed without the key."""
+    root = cache or Path(os.environ.get("XDG_CACHE_HOME")
+                         or Path(os.path.expanduser("~")) / ".cache") / "imgfab"
+    path = root / "pip-source.key"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another build made it first
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(random_secrets.token_bytes(32))
+    return path.read_bytes()
+
+
+def pip_source_fingerprint(pip_conf: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of the pip configuration under this cache's ``key`` (16 hex digits)."""
+    return hmac.new(key, pip_conf, hashlib.sha256).hexdigest()[:16]
+
+
+def _compile_strategy(stack: Any, options: BuildOptions,
+                      on_line: Callable[[str], None] | None) -> str | None:
+    """For the TensorRT engine path: how the engine gets compiled (None for other paths)."""
+    if stack.backend_path != "engine":
+        if options.compile != "auto":
+            raise RecipeError(f"{options.compile} applies to the TensorRT engine path only",
+                              field="--engine-at-start/--compile",
+                              fix="drop it, or set backend.trtllm_path: engine")
+        return None
+    from imgfab.render.trtllm import EngineCaps, choose_compile_strategy  # noqa: PLC0415
+
+    caps = EngineCaps() if options.compile == "at-start" else EngineCaps(*engine.compile_caps())
+    strategy, reason = choose_compile_strategy(caps, options.compile)
+    if on_line:
+        on_line(f"imgfab: engine compile strategy {strategy}: {reason}")
+    return strategy
+
+
+def _compile_two_phase(recipe_path: str, recipe: Any, stack: Any, context: Path, options: BuildOptions,
+                       build_args: dict[str, str], secrets: dict[str, Path],
+                       on_line: Callable[[str], None] | None) -> None:
+    """Compile the weight-stripped engine on the engine's GPU and place it in the context."""
+    from imgfab.render.trtllm import two_phase  # noqa: PLC0415
+
+    if options.weights is None:
+        raise RecipeError("compiling a TensorRT engine needs the weights", field="--weights",
+                          fix="pass --weights DIR (bind-mounted read-only, never copied)")
+    from imgfab.recipe import calibration_file  # noqa: PLC0415
+
+    calibration = calibration_file(recipe, recipe_path)
+    out = options.engine_out or Path("build") / f"{recipe.name}-compile"
+    result = two_phase(context, recipe, stack, engine=engine, weights_dir=Path(options.weights),
+                       calibration_file=calibration, out_dir=out, build_args=build_args,
+                       secrets={k: str(v) for k, v in secrets.items()}, network=options.network,
+                       on_line=on_line)
+    if on_line:
+        on_line(f"imgfab: engine compiled; copy its checkpoint {result.checkpoint_dir} next to the "
+                f"weights as {result.runtime_checkpoint} for the refit at start")
+
+
+def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
+    """``BUILDER_IMAGE`` / ``RUNTIME_IMAGE`` build args: mirrored, optionally digest-pinned."""
+    refs = {"BUILDER_IMAGE": stack.builder_image, "RUNTIME_IMAGE": stack.runtime_image}
+    if options.mirror:
+        refs = {k: f"{options.mirror.rstrip('/')}/{v}" for k, v in refs.items()}
+    if options.pin_digests:
+        from imgfab.docker import registry  # noqa: PLC0415
+
+        pinned: dict[str, str] = {}
+        for key, ref in refs.items():
+            host = registry.ImageRef.parse(ref).host
+            credentials = registry.Credentials.load(host)
+            pinned[key] = registry.resolve_digest(ref, credentials)
+        refs = pinned
+    return refs
+
+
+def build_recipe(recipe_path: str, options: BuildOptions, *,
+                 on_line: Callable[[str], None] | None = None,
+                 context_dir: Path | None = None) -> BuiltImage:
+    """Build, verify (and optionally smoke-test and push) the image of one recipe."""
+    from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
+    from imgfab.payload.lock import load_for_build, served_stack  # noqa: PLC0415
+    from imgfab.recipe import load_recipe  # noqa: PLC0415
+    from imgfab.render.context import image_tag, render_context, write_context  # noqa: PLC0415
+    from imgfab.stack.resolve import resolve  # noqa: PLC0415
+    from imgfab.docker.verify import policy_for, verify_image  # noqa: PLC0415
+
+    recipe = load_recipe(recipe_path)
+    if options.registry is None and recipe.image.registry:  # --registry / IMGFAB_REGISTRY win
+        options = replace(options, registry=recipe.image.registry)
+    _check_options(options)
+    matrix = load_matrix(options.compat_dir)
+    stack = resolve(recipe, matrix).stack
+    strategy = _compile_strategy(stack, options, on_line)
+    lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
+    stack = served_stack(stack, lock)  # as render_context labels it: verify checks the same labels
+    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock)
+    context = write_context(files, context_dir or Path("build") / recipe.name)
+    build_args = base_image_args(stack, options)
+    tag_name = image_tag(recipe, stack)
+    local_ref = f"{recipe.image.repository}:{tag_name}"
+    tags = [local_ref]
+    remote_ref = f"{options.registry.rstrip('/')}/{local_ref}" if options.registry else None
+    if remote_ref:
+        tags.append(remote_ref)
+    with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
+        secrets: dict[str, Path] = {}
+        if options.ca_cert is not None:
+            secrets["ca-cert"] = Path(options.ca_cert)
+        if options.pip_index_url:
+            secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
+            build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
+                secrets["pip-conf"].read_bytes(), pip_source_key())
+        if strategy == "two-phase":
+            _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
+        result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
+                              network=options.network, on_line=on_line, no_cache=options.no_cache)
+        policy = policy_for(recipe, stack, matrix, secrets)
+    policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
+    try:
+        report = verify_image(local_ref, policy)
+    except ValidationFailed:
+        for ref in tags:  # a rejected image keeps no name that could be pushed or run
+            engine.remove_image(ref)
+        raise
+    # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
+    # a disagreement rejects the image like verify does, and the measured values become labels.
+    from imgfab.payload import measure as payload  # noqa: PLC0415
+    try:
+        measured = payload.check_image(local_ref, stack.to_dict(), matrix, engine=engine)
+    except ValidationFailed:
+        for ref in tags:
+            engine.remove_image(ref)
+        raise
+    relabelled = engine.add_labels(local_ref, measured.labels, tags)
+    report.notes.extend(measured.notes)
+    size = int(engine.inspect_image(local_ref).get("Size") or 0)
+    built = BuiltImage(
+        recipe=recipe.name, context=str(context), image_id=relabelled or result.image_id, tags=tags,
+        size_bytes=size, duration_s=round(result.duration_s, 2), steps=len(result.steps),
+        cached_steps=result.cached_steps,
+        cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
+        base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes))
+    if options.smoke:
+        if options.smoke_hook is None:
+            raise RecipeError("--smoke needs a smoke test to run", field="--smoke",
+                              fix="build through `imgfab build --smoke`, which passes it")
+        built.smoke = options.smoke_hook(local_ref, recipe, options)
+        if not built.smoke["passed"]:
+            raise ValidationFailed(
+                f"smoke test of {local_ref} failed: {'; '.join(built.smoke['failures'][:3])}",
+                field="smoke", fix="see the container log (imgfab smoke IMAGE --weights DIR)")
+    if options.push:
+        from imgfab.docker import registry  # noqa: PLC0415
+
+        assert remote_ref is not None and options.registry
+        # --registry may carry a namespace (ghcr.io/<owner>): credentials are the host's.
+        credentials = registry.Credentials.load(options.registry.split("/", 1)[0],
+                                                options.registry_user, options.registry_password)
+        built.pushed = registry.push(local_ref, remote_ref, credentials=credentials,
+                                     on_line=on_line)
+    return built
+
+
+def _base_diff_ids(ref: str) -> tuple[str, ...]:
+    """The runtime base's layer diff ids, from its registry config (for verify's notes)."""
+    from imgfab.docker import registry  # noqa: PLC0415
+
+    host = registry.ImageRef.parse(ref).host
+    config = registry.image_config(ref, registry.Credentials.load(host))
+    return tuple((config.get("rootfs") or {}).get("diff_ids") or ())
+
+
+class BuildProgress:
+    """Shows a build's BuildKit log: on a terminal a ``rich`` status line (the current step)
+    over the last lines of the log; otherwise (CI, pipes, ``--json``) plain lines on stderr.
+    """
+
+    TAIL = 12
+
+    def __init__(self, title: str, *, rich_ui: bool = True):
+        import sys  # noqa: PLC0415
+
+        self.title = title
+        self.stream = sys.stderr
+        self.rich = rich_ui and self.stream.isatty()
+        self.tail: list[str] = []
+        self.step = "starting"
+        self._live: Any = None
+
+    def __enter__(self) -> BuildProgress:
+        if self.rich:
+            from rich.console import Console  # noqa: PLC0415
+            from rich.live import Live  # noqa: PLC0415
+
+            self._live = Live(self._render(), console=Console(stderr=True),
+                              refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        return self
+
+    def _render(self) -> Any:
+        from rich.console import Group  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        status = Text.assemble(("building ", "bold"), (self.title, "bold cyan"),
+                               f"  {self.step}")
+        return Group(status, *(Text(line, style="dim", overflow="ellipsis", no_wrap=True)
+                               for line in self.tail))
+
+    def line(self, text: str) -> None:
+        text = redact(text)
+        if not self.rich:
+            print(text, file=self.stream, flush=True)
+            return
+        if engine._STEP_LINE.match(text):
+            self.step = text.split(" ", 1)[1][:100]
+        self.tail = (self.tail + [text])[-self.TAIL:]
+        self._live.update(self._render())
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)

@@ -1,0 +1,420 @@
+"""The Docker engine's images: BuildKit builds through the docker CLI, inspect, history, save,
+tag, push, remove, and the engine's own facts. Containers live in :mod:`imgfab.docker.containers`
+(re-exported here); with :mod:`imgfab.docker.registry`, these are the only code that talks to
+Docker (the SDK's ``docker.from_env()`` honours ``DOCKER_HOST``, ``DOCKER_TLS_VERIFY`` and
+``DOCKER_CERT_PATH``).
+
+Every failure raises :class:`imgfab.errors.EngineError` with one line saying what failed and
+the fix. ``docker`` is imported inside the functions, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgfab.errors import EngineError
+from imgfab.docker.containers import (_client, _one_line, container_logs, container_running,
+                                      exec_in, remove_container, remove_volume, run_container,
+                                      run_python)
+
+# The engine's whole surface: images and builds here, containers in imgfab.docker.containers.
+__all__ = ["add_labels", "build", "child_env", "compile_caps", "container_logs", "container_running",
+           "docker_cli", "docker_info", "exec_in", "image_history", "inspect_image", "push_image",
+           "remove_container", "remove_image", "remove_volume", "run_container", "run_python",
+           "save_image", "save_stream", "tag"]
+
+
+# --- containers: run, inspect, exec, remove (smoke tests) -------------------------------------
+
+
+def push_image(local_ref: str, repository: str, tag: str, *,
+               auth_config: dict[str, str] | None = None, on_line: Any = None) -> str:
+    """Tag ``local_ref`` as ``repository:tag`` and push it through the daemon (one attempt).
+
+    Returns the manifest digest the daemon reports (the push stream's ``aux.Digest``).
+    The SDK reports registry failures inside the stream, not as exceptions: every item is
+    checked for ``error``, which raises :class:`imgfab.errors.RegistryError` carrying the
+    daemon's message verbatim (:mod:`imgfab.docker.registry` decides whether it is worth a retry).
+    ``on_line(text)`` receives each progress line. Raises :class:`EngineError` when the
+    image is missing or the engine is unreachable.
+    """
+    from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
+    from requests.exceptions import RequestException  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: PLC0415
+
+    from imgfab.errors import RegistryError  # noqa: PLC0415
+
+    client = _client()
+    # A first push into a new repository uploads every layer; the daemon's stream stays quiet
+    # for minutes while layers wait, past the SDK's 60 s read timeout.
+    client.api.timeout = _SAVE_TIMEOUT_S
+    try:
+        client.api.tag(local_ref, repository, tag, force=True)
+    except ImageNotFound:
+        raise EngineError(f"image {local_ref} is not on the engine", field="engine",
+                          fix="build it (imgfab build) or docker pull it first") from None
+    except DockerException as exc:
+        raise EngineError(f"docker tag {local_ref} {repository}:{tag} failed: {_one_line(exc)}",
+                          field="engine", fix="check the engine is reachable") from None
+    digest = ""
+    reported: dict[str, int] = {}  # layer id → last tenth of its upload reported
+    try:
+        for item in client.api.push(repository, tag=tag, stream=True, decode=True,
+                                    auth_config=auth_config):
+            if item.get("error"):
+                raise RegistryError(" ".join(str(item["error"]).split()),
+                                    field=f"push {repository}:{tag}")
+            digest = (item.get("aux") or {}).get("Digest") or digest
+            if on_line is None or not item.get("status"):
+                continue
+            detail = item.get("progressDetail") or {}
+            if item["status"] == "Pushing" and detail.get("total"):
+                # The daemon sends an update every few KB: report each layer per tenth only.
+                tenth = int(10 * detail.get("current", 0) / detail["total"])
+                if reported.get(item.get("id", "")) == tenth:
+                    continue
+                reported[item.get("id", "")] = tenth
+            on_line(" ".join(filter(None, (item.get("id"), item["status"], item.get("progress")))))
+    except DockerException as exc:
+        raise EngineError(f"docker push {repository}:{tag} failed: {_one_line(exc)}",
+                          field="engine", fix="check the engine is reachable") from None
+    except (RequestException, Urllib3Error) as exc:  # the stream is read through urllib3
+        raise EngineError(f"the engine dropped the push of {repository}:{tag}: "
+                          f"{_one_line(exc)}", field="engine",
+                          fix="check the engine is reachable") from None
+    if not digest:
+        raise RegistryError(f"the push of {repository}:{tag} ended without a digest",
+                            field="registry", fix="retry; see the daemon log")
+    return digest
+
+# --- end of containers ------------------------------------------------------------------------
+
+# --- images: build, inspect, history, save, tag, remove ---------------------------------------
+# The docker SDK cannot run BuildKit builds, so `build` drives the docker CLI as a subprocess
+# (DOCKER_BUILDKIT=1, with DOCKER_HOST / DOCKER_CONFIG inherited); everything else about
+# images goes through the SDK.
+
+# `#12 [runtime 3/9] COPY ...` opens a step; `#12 CACHED` / `#12 DONE 1.2s` / `#12 ERROR: ...`
+# close it. `[internal]` and `[auth]` vertices are not Dockerfile steps.
+_STEP_LINE = re.compile(r"^#(\d+) \[([^\]\s]+) (\d+)/(\d+)\] (.*)$")
+_STATUS_LINE = re.compile(r"^#(\d+) (CACHED|DONE [0-9.]+s|ERROR:? ?.*)$")
+_LOG_KEEP_LINES = 4000
+# The engine exports a multi-GB image before the first byte of `docker save` arrives (about
+# 60 s for a real vLLM payload on this 2-core stack): the SDK's 60 s default read timeout fails.
+_SAVE_TIMEOUT_S = 1800
+
+
+@dataclass
+class BuildStep:
+    """One Dockerfile step as BuildKit reported it: ``[stage index/total] instruction``."""
+
+    vertex: int
+    stage: str
+    index: int
+    total: int
+    instruction: str
+    cached: bool = False
+    done: bool = False
+    error: str | None = None
+
+
+@dataclass
+class BuildResult:
+    """``image_id`` (``sha256:…``), wall time, every step (in first-seen order) and the log."""
+
+    image_id: str
+    duration_s: float
+    steps: list[BuildStep] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def cached_steps(self) -> int:
+        return sum(1 for step in self.steps if step.cached)
+
+    def stage_steps(self, stage: str) -> list[BuildStep]:
+        """The steps of ``stage`` (e.g. ``builder``), in Dockerfile order."""
+        return sorted((s for s in self.steps if s.stage == stage), key=lambda s: s.index)
+
+    def cached_by_stage(self) -> dict[str, tuple[int, int]]:
+        """stage → (cached steps, steps)."""
+        counts: dict[str, tuple[int, int]] = {}
+        for step in self.steps:
+            cached, total = counts.get(step.stage, (0, 0))
+            counts[step.stage] = (cached + step.cached, total + 1)
+        return counts
+
+
+class BuildLogParser:
+    """Feeds on ``--progress=plain`` lines; keeps the steps and which were cached."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, BuildStep] = {}
+
+    def feed(self, line: str) -> None:
+        match = _STEP_LINE.match(line)
+        if match:
+            vertex = int(match.group(1))
+            if vertex not in self.steps:
+                self.steps[vertex] = BuildStep(vertex, match.group(2), int(match.group(3)),
+                                               int(match.group(4)), match.group(5))
+            return
+        match = _STATUS_LINE.match(line)
+        if match and int(match.group(1)) in self.steps:
+            step, status = self.steps[int(match.group(1))], match.group(2)
+            if status == "CACHED":
+                step.cached = step.done = True
+            elif status.startswith("DONE"):
+                step.done = True
+            else:
+                step.error = status.partition(" ")[2] or status
+
+    def failed_step(self) -> BuildStep | None:
+        return next((s for s in self.steps.values() if s.error), None)
+
+
+def docker_cli() -> str:
+    """The docker CLI that runs BuildKit builds: ``IMGFAB_DOCKER_CLI`` or ``docker`` on PATH.
+
+    Raises :class:`EngineError` when there is none, or when it cannot build with BuildKit
+    (a CLI >= 23 without the buildx plugin refuses ``DOCKER_BUILDKIT=1`` builds).
+    """
+    cli = os.environ.get("IMGFAB_DOCKER_CLI") or shutil.which("docker")
+    if not cli or not os.access(cli, os.X_OK):
+        raise EngineError(f"no docker CLI found ({cli or 'docker not on PATH'})", field="engine",
+                          fix="install the docker CLI or set IMGFAB_DOCKER_CLI to one")
+    probe = subprocess.run([cli, "build", "--help"], env=_build_env(), capture_output=True,
+                           text=True, timeout=60, check=False)
+    text = probe.stdout + probe.stderr
+    if probe.returncode != 0 or "--secret" not in text or "buildx component" in text:
+        raise EngineError(f"{cli} cannot run BuildKit builds", field="engine",
+                          fix="install the buildx plugin, or set IMGFAB_DOCKER_CLI to a CLI "
+                              "that has BuildKit (e.g. Debian's docker.io 20.10 /usr/bin/docker)")
+    return cli
+
+
+# What a child process (the docker CLI, a credential helper) never inherits: imgfab's own
+# settings (the registry password, a pip index URL with credentials) and anything named like
+# a secret.
+_SECRET_NAME = re.compile(r"^IMGFAB_|PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY",
+                          re.IGNORECASE)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: this one's, scrubbed of :data:`_SECRET_NAME`
+    variables, plus ``extra``."""
+    env = {key: value for key, value in os.environ.items() if not _SECRET_NAME.search(key)}
+    env.update(extra or {})
+    return env
+
+
+def _build_env() -> dict[str, str]:
+    return child_env({"DOCKER_BUILDKIT": "1"})
+
+
+def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
+          build_args: dict[str, str] | None = None, secrets: dict[str, Path] | None = None,
+          network: str | None = None, target: str | None = None,
+          on_line: Callable[[str], None] | None = None, no_cache: bool = False) -> BuildResult:
+    """``docker build --progress=plain`` of ``context_dir``, streaming each log line to
+    ``on_line``. ``secrets``: BuildKit secret id → file (mounted only in the steps that ask,
+    never in a layer). Returns a :class:`BuildResult`; raises :class:`EngineError` naming the
+    failing step and the gist of its last log lines.
+    """
+    cli = docker_cli()
+    with tempfile.TemporaryDirectory(prefix="imgfab-build-") as scratch:
+        iidfile = Path(scratch) / "iid"
+        argv = [cli, "build", "--progress=plain", "--iidfile", str(iidfile)]
+        for key, value in sorted((build_args or {}).items()):
+            argv += ["--build-arg", f"{key}={value}"]
+        for secret_id, path in sorted((secrets or {}).items()):
+            if not Path(path).is_file():
+                raise EngineError(f"build secret {secret_id}: {path} is not a file",
+                                  field="engine", fix="pass an existing file")
+            argv += ["--secret", f"id={secret_id},src={Path(path).resolve()}"]
+        if network:
+            argv += ["--network", network]
+        if target:
+            argv += ["--target", target]
+        if no_cache:
+            argv.append("--no-cache")
+        for tag_ref in tags:
+            argv += ["--tag", tag_ref]
+        argv.append(str(context_dir))
+        parser = BuildLogParser()
+        log: deque[str] = deque(maxlen=_LOG_KEEP_LINES)
+        started = time.monotonic()
+        try:
+            process = subprocess.Popen(argv, env=_build_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, errors="replace",
+                                       bufsize=1)
+        except OSError as exc:
+            raise EngineError(f"cannot run {cli}: {exc}", field="engine",
+                              fix="check IMGFAB_DOCKER_CLI") from None
+        try:
+            assert process.stdout is not None
+            for raw in process.stdout:
+                line = raw.rstrip("\n")
+                log.append(line)
+                parser.feed(line)
+                if on_line:
+                    on_line(line)
+            code = process.wait()
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        duration = time.monotonic() - started
+        if code != 0:
+            raise EngineError(_build_failure(parser, list(log), code), field="engine",
+                              fix="see the step's log above (--debug keeps the traceback)")
+        image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+    if not image_id:
+        raise EngineError("docker build succeeded but wrote no image id", field="engine",
+                          fix="check the docker CLI supports --iidfile")
+    return BuildResult(image_id=image_id, duration_s=duration,
+                       steps=sorted(parser.steps.values(), key=lambda s: s.vertex),
+                       log=list(log))
+
+
+def _build_failure(parser: BuildLogParser, log: list[str], code: int) -> str:
+    step = parser.failed_step()
+    where = (f"step [{step.stage} {step.index}/{step.total}] {step.instruction[:120]}"
+             if step else f"docker build (exit {code})")
+    # The gist: the last non-empty output lines of the failing vertex, else of the log.
+    prefix = f"#{step.vertex} " if step else ""
+    lines = [line for line in log if line.startswith(prefix) and line.strip()]
+    gist_lines = [re.sub(r"^#\d+ (\d+\.\d+ )?", "", line) for line in lines
+                  if not _STATUS_LINE.match(line) and not _STEP_LINE.match(line)][-3:]
+    final = next((line for line in reversed(log) if line.startswith(("error:", "ERROR:",
+                                                                     "failed to solve"))), "")
+    parts = [part.strip() for part in gist_lines + [final] if part.strip()]
+    gist = " | ".join(dict.fromkeys(parts))
+    return f"{where} failed: {gist[-400:] or 'no output'}"
+
+
+def _sdk_image_call(what: str, call: Callable[[], Any]) -> Any:
+    from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
+
+    try:
+        return call()
+    except ImageNotFound:
+        raise EngineError(f"{what}: image not found", field="engine",
+                          fix="build it (imgfab build) or docker pull it first") from None
+    except DockerException as exc:
+        raise EngineError(f"{what} failed: {_one_line(exc)}", field="engine",
+                          fix="check the engine is reachable") from None
+
+
+def inspect_image(ref: str) -> dict[str, Any]:
+    """The engine's ``docker image inspect`` record of ``ref`` (Config, Size, RepoTags, …)."""
+    client = _client()
+    return _sdk_image_call(f"inspect {ref}", lambda: client.api.inspect_image(ref))
+
+
+def image_history(ref: str) -> list[dict[str, Any]]:
+    """``docker history`` of ``ref``, newest layer first (CreatedBy, Size, …)."""
+    client = _client()
+    return _sdk_image_call(f"history of {ref}", lambda: client.api.history(ref))
+
+
+def save_image(ref: str, path: Path) -> Path:
+    """Write ``docker save ref`` (a tar of the layers and config) to ``path``, streaming."""
+    client = _client()
+    client.api.timeout = _SAVE_TIMEOUT_S
+    path = Path(path)
+
+    def write() -> Path:
+        stream = client.api.get_image(ref)
+        with open(path, "wb") as out:
+            for chunk in stream:
+                out.write(chunk)
+        return path
+
+    return _sdk_image_call(f"docker save {ref}", write)
+
+
+def save_stream(ref: str) -> Iterator[bytes]:
+    """``docker save ref`` as a stream of byte chunks (nothing written to disk)."""
+    client = _client()
+    client.api.timeout = _SAVE_TIMEOUT_S
+    return _sdk_image_call(f"docker save {ref}", lambda: client.api.get_image(ref))
+
+
+def tag(ref: str, target: str) -> None:
+    """Give image ``ref`` the name ``target`` (``repository:tag``)."""
+    repository, _, tag_name = target.rpartition(":")
+    if not repository or "/" in tag_name:
+        repository, tag_name = target, "latest"
+    client = _client()
+    _sdk_image_call(f"tag {ref} as {target}",
+                    lambda: client.api.tag(ref, repository, tag_name, force=True))
+
+
+def remove_image(ref: str, *, force: bool = False) -> None:
+    """Remove image ``ref`` (a name or an id); already gone is fine."""
+    from docker.errors import ImageNotFound  # noqa: PLC0415
+
+    client = _client()
+
+    def remove() -> None:
+        try:
+            client.api.remove_image(ref, force=force)
+        except ImageNotFound:
+            return
+
+    _sdk_image_call(f"remove image {ref}", remove)
+
+# --- end of images ----------------------------------------------------------------------------
+
+
+# --- engine facts ------------------------------------------------------------------------------
+
+def docker_info() -> dict[str, Any]:
+    """``docker info`` as a dict (ServerVersion, Runtimes, CgroupDriver, ...)."""
+    from docker.errors import DockerException  # noqa: PLC0415
+
+    try:
+        return _client().info()
+    except DockerException as exc:
+        raise EngineError(f"Docker engine not reachable: {_one_line(exc)}", field="engine",
+                          fix="start dockerd or set DOCKER_HOST (scripts/local-stack.sh up)") from None
+
+
+def compile_caps() -> tuple[bool, bool]:
+    """``(buildkit_device, gpu_visible)`` for compiling a TensorRT engine on this engine.
+
+    ``RUN --device`` needs a Dockerfile frontend newer than the one built into Docker 20.10
+    (and a ``# syntax=`` pull), so imgfab never claims it. A GPU is usable by ``docker run
+    --gpus`` when the engine has the nvidia runtime or CDI spec directories configured.
+    """
+    info = docker_info()
+    gpu_visible = "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs"))
+    return False, gpu_visible
+
+
+def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, ...]) -> str:
+    """A child of ``image`` that differs only in ``labels`` (no layer), tagged ``tags``.
+
+    Built from a two-line Dockerfile on stdin; returns the new image id. Raises EngineError.
+    """
+    lines = [f"FROM {image}"]
+    if labels:
+        lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
+    command = [docker_cli(), "build", "--quiet", *(arg for t in tags for arg in ("--tag", t)), "-"]
+    done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          env=_build_env(), timeout=300, check=False)
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise EngineError(f"labelling {image} failed: {tail}", field="engine", fix="see the message")
+    return done.stdout.strip()

@@ -1,0 +1,1 @@
+"""What runs on or against a host: select, doctor, smoke."""

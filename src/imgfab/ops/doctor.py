@@ -1,0 +1,209 @@
+"""`imgfab doctor`: the host checks operators hit when GPU containers fail.
+
+:func:`diagnose` takes a :class:`HostView` (files, command outputs, NVML, limits, Docker info),
+so every failure case is testable with recorded answers; :func:`live_view` reads this machine.
+Each :class:`Finding` has a severity (ok, info, warn, error), what was seen, and the fix.
+On a machine without GPUs it says so plainly and still checks the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from imgfab.in_image.facts import HostFacts, load_nvml, read_host
+from imgfab.stack.verdicts import driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: str  # ok | info | warn | error
+    seen: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"[{self.severity}] {self.check}: {self.seen}"
+        return f"{text} — fix: {self.fix}" if self.fix and self.severity in ("warn", "error") else text
+
+
+@dataclass
+class HostView:
+    """What doctor looks at; every field may come from a recording."""
+
+    files: dict[str, str | None] = field(default_factory=dict)  # path → text or None
+    host: HostFacts = field(default_factory=HostFacts)
+    cuda_ceiling: str | None = None  # driver's CUDA version, e.g. "12.2"
+    shm_bytes: int | None = None
+    memlock_soft: int | None = None  # bytes; -1 = unlimited
+    free_disk_bytes: int | None = None
+    docker_info: dict[str, Any] | None = None
+    docker_error: str | None = None
+    tools: dict[str, str | None] = field(default_factory=dict)  # name → path or None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def live_view(docker_info: Callable[[], dict[str, Any]] | None = None) -> HostView:
+    """Read this machine. ``docker_info`` is injected by the CLI (engine.py talks to Docker)."""
+    nvml = load_nvml()
+    host = read_host(nvml)
+    ceiling = None
+    if nvml is not None and host.error is None:
+        try:
+            nvml.nvmlInit()
+            version = nvml.nvmlSystemGetCudaDriverVersion()  # type: ignore[attr-defined]
+            ceiling = f"{version // 1000}.{(version % 1000) // 10}"
+            nvml.nvmlShutdown()
+        except Exception:  # the ceiling is informative only
+            ceiling = None
+    try:
+        shm = os.statvfs("/dev/shm")
+        shm_bytes = shm.f_frsize * shm.f_blocks
+    except OSError:
+        shm_bytes = None
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    info, error = None, None
+    if docker_info is not None:
+        try:
+            info = docker_info()
+        except Exception as exc:  # reported as a finding
+            error = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+    root = (info or {}).get("DockerRootDir") or "/var/lib/docker"
+    disk_path = root if os.path.exists(root) else "/"
+    return HostView(
+        files={p: _read(p) for p in ("/proc/driver/nvidia/version", "/proc/modules",
+                                      "/etc/docker/daemon.json", "/sys/fs/cgroup/cgroup.controllers",
+                                      "/etc/nvidia-container-runtime/config.toml")},
+        host=host, cuda_ceiling=ceiling, shm_bytes=shm_bytes,
+        memlock_soft=-1 if soft == resource.RLIM_INFINITY else soft,
+        free_disk_bytes=shutil.disk_usage(disk_path).free, docker_info=info, docker_error=error,
+        tools={name: shutil.which(name) for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-runtime")})
+
+
+def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
+             image_bytes: int | None = None) -> list[Finding]:
+    """All findings for this host (and, with ``image_labels``, for that image on it)."""
+    findings: list[Finding] = []
+    add = findings.append
+    modules = view.files.get("/proc/modules") or ""
+    loaded = {line.split()[0] for line in modules.splitlines() if line.strip()}
+    version_file = view.files.get("/proc/driver/nvidia/version")
+    gpu_present = bool(view.host.gpus) or "nvidia" in loaded or version_file is not None
+
+    # --- driver -----------------------------------------------------------------------
+    if "nouveau" in loaded:
+        add(Finding("nouveau", "error", "the nouveau kernel module is loaded",
+                    "blacklist nouveau (modprobe.d), regenerate the initramfs and reboot"))
+    if not gpu_present:
+        add(Finding("gpu", "info", "no NVIDIA GPU or driver on this machine (no nvidia module, NVML "
+                    "unavailable); GPU containers cannot run here — the other checks still apply"))
+    elif view.host.error:
+        add(Finding("driver", "error", f"the nvidia module is loaded but NVML fails: {view.host.error}",
+                    "reinstall the driver so the kernel module and libnvidia-ml match (reboot after an upgrade)"))
+    else:
+        names = ", ".join(f"{g.name} (cc {g.compute_capability})" for g in view.host.gpus)
+        add(Finding("driver", "ok", f"driver {view.host.driver}; GPUs: {names or 'none visible'}"))
+        if view.cuda_ceiling:
+            add(Finding("cuda-ceiling", "info",
+                        f"this driver supports CUDA ≤ {view.cuda_ceiling} natively; images need a driver "
+                        "floor at or below it (or minor-version compatibility within the major)"))
+
+    # --- docker & NVIDIA runtime -------------------------------------------------------
+    if view.docker_error or view.docker_info is None:
+        add(Finding("docker", "error", f"Docker engine not reachable: {view.docker_error or 'not checked'}",
+                    "start dockerd (or set DOCKER_HOST); for the local stack: scripts/local-stack.sh up"))
+    else:
+        info = view.docker_info
+        add(Finding("docker", "ok", f"Docker {info.get('ServerVersion', '?')} reachable"))
+        runtimes = set((info.get("Runtimes") or {}).keys())
+        daemon = _json(view.files.get("/etc/docker/daemon.json"))
+        cdi = info.get("CDISpecDirs") or []
+        if "nvidia" in runtimes or "nvidia" in (daemon.get("runtimes") or {}):
+            add(Finding("nvidia-runtime", "ok", "the nvidia runtime is configured in Docker"))
+        elif cdi and view.tools.get("nvidia-ctk"):
+            add(Finding("nvidia-runtime", "ok", f"CDI spec dirs {cdi} and nvidia-ctk present"))
+        else:
+            add(Finding("nvidia-runtime", "error" if gpu_present else "warn",
+                        "neither the nvidia runtime nor CDI is configured: `--gpus` will fail",
+                        "install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
+                        "and restart dockerd"))
+        if (info.get("CgroupDriver") == "systemd" and str(info.get("CgroupVersion")) == "2"
+                and gpu_present and not cdi):
+            add(Finding("cgroups", "warn",
+                        "systemd cgroup driver on cgroup v2 without CDI: containers lose GPU access after "
+                        "`systemctl daemon-reload` ('Failed to initialize NVML: Unknown Error')",
+                        "use CDI (nvidia-ctk cdi generate) or set exec-opts native.cgroupdriver=cgroupfs"))
+
+    # --- limits ------------------------------------------------------------------------
+    needed_shm = int(image_labels.get("org.imgfab.shm.min_bytes", 0)) if image_labels else GIB
+    if view.shm_bytes is not None:
+        if view.shm_bytes < needed_shm:
+            add(Finding("shm", "warn", f"/dev/shm here is {view.shm_bytes / GIB:.1f} GiB (< {needed_shm / GIB:.1f} GiB)",
+                        "containers get their own: run with --shm-size (run.sh/compose.yaml set it from the recipe)"))
+        else:
+            add(Finding("shm", "ok", f"/dev/shm is {view.shm_bytes / GIB:.1f} GiB"))
+    if view.memlock_soft is not None and view.memlock_soft != -1 and view.memlock_soft < 64 * 1024**2:
+        add(Finding("memlock", "warn", f"memlock ulimit is {view.memlock_soft // 1024} KiB",
+                    "run containers with --ulimit memlock=-1 (NCCL/RDMA pin memory)"))
+    if view.free_disk_bytes is not None:
+        need = image_bytes or 20 * GIB
+        severity = "ok" if view.free_disk_bytes >= need else "error"
+        add(Finding("disk", severity, f"{view.free_disk_bytes / GIB:.1f} GiB free for images (need ≥ {need / GIB:.1f} GiB)",
+                    "free space under Docker's data root or move it (data-root in daemon.json)"))
+
+    # --- an image on this host -----------------------------------------------------------
+    if image_labels is not None:
+        findings.extend(image_findings(image_labels, view.host))
+    return findings
+
+
+def image_findings(labels: dict[str, str], host: HostFacts) -> list[Finding]:
+    """Would this image (its config labels) run here? The rules `select` applies, no layer pulled."""
+    problem = label_problem(labels)
+    if problem is not None:
+        return [Finding("image", "error", f"the image's labels cannot be read: {problem}",
+                        "rebuild it with imgfab build")]
+    if not is_imgfab_image(labels):
+        return [Finding("image", "error", "the image has no org.imgfab labels (not built by imgfab)",
+                        "rebuild it with imgfab build")]
+    if host.error or not host.driver:
+        return [Finding("image", "info", "no GPU driver here: the image's driver/arch rules cannot be checked")]
+    try:
+        verdicts = [driver_verdict(labels, host.driver)]
+        for gpu in host.gpus:
+            verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return [Finding("image", "error", f"the image's org.imgfab labels cannot be read: "
+                        f"{str(exc)[:120]}", "rebuild it with imgfab build")]
+    return [Finding(f"image-{v.check}", "ok" if v.ok else "error", v.reason, v.fix) for v in verdicts]
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """1 when any finding is an error, else 0."""
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def to_json(findings: list[Finding]) -> str:
+    return json.dumps([asdict(f) for f in findings], indent=2)
+

@@ -1,0 +1,129 @@
+"""Pick the right published image for a host: `imgfab select`.
+
+:func:`choose` is pure: published images (tag, digest, labels) × a host (driver, GPU) → the
+newest image whose driver floor, GPU architecture and precision fit, plus a verdict for every
+other image. It applies the same :mod:`imgfab.in_image.rules` the resolver and the in-image probe use.
+"Newest" is the highest backend version, then the highest CUDA version, then the tag name:
+the registry API gives no reliable push time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from imgfab.in_image.rules import Verdict, parse_version
+from imgfab.stack.verdicts import P, driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
+
+__all__ = ["HostGpu", "Published", "Candidate", "choose", "evaluate", "what_host_needs",
+           "driver_verdict", "gpu_verdicts", "is_imgfab_image", "label_problem"]
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    """The host as select sees it: driver version and one GPU model's compute capability."""
+
+    driver: str
+    gpu: str
+    compute_capability: str
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published image: its tag, manifest digest and config labels."""
+
+    repository: str  # host/repo
+    tag: str
+    digest: str
+    labels: dict[str, str]
+    # Why the registry could not describe this image (its manifest or config), if it could not.
+    error: str | None = None
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+
+@dataclass
+class Candidate:
+    image: Published
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.verdicts) and all(v.ok for v in self.verdicts)
+
+    def reason(self) -> str:
+        failed = [v.line() for v in self.verdicts if not v.ok]
+        return "; ".join(failed) if failed else "fits"
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    try:
+        return parse_version(text)
+    except (ValueError, TypeError, AttributeError):
+        return ()
+
+
+def evaluate(image: Published, host: HostGpu) -> Candidate:
+    """Every rule an image must pass on this host, as verdicts (none raises)."""
+    candidate = Candidate(image)
+    if image.error is not None:
+        candidate.verdicts.append(Verdict(False, "registry", image.error))
+        return candidate
+    problem = label_problem(image.labels)
+    if problem is not None:
+        candidate.verdicts.append(Verdict(False, "labels", problem))
+        return candidate
+    if not is_imgfab_image(image.labels):
+        candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor label)"))
+        return candidate
+    try:
+        verdicts = [driver_verdict(image.labels, host.driver),
+                    *gpu_verdicts(image.labels, host.gpu, host.compute_capability)]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # one image's bad label
+        verdicts = [Verdict(False, "labels", f"unreadable org.imgfab labels: {str(exc)[:120]}")]
+    candidate.verdicts += verdicts
+    return candidate
+
+
+def choose(images: list[Published], host: HostGpu, *, model: str | None = None,
+           backend: str | None = None) -> tuple[Candidate | None, list[Candidate]]:
+    """(the newest fitting image or None, every candidate evaluated, newest first).
+
+    ``model`` filters on the recipe name or model id label; ``backend`` on the backend label.
+    """
+    def wanted(image: Published) -> bool:
+        if image.error is not None or label_problem(image.labels) is not None:
+            return model is None and backend is None  # judged (and rejected) unless filtered
+        name = image.labels.get(f"{P}.recipe.name", "")
+        if model is not None and not (name.startswith(model) or image.labels.get(f"{P}.model.id") == model):
+            return False
+        return backend is None or image.labels.get(f"{P}.backend") == backend
+
+    selected = [image for image in images if wanted(image)]
+    candidates = [evaluate(image, host) for image in selected]
+    def newest(c: Candidate) -> tuple[Any, ...]:
+        labels = c.image.labels if isinstance(c.image.labels, dict) else {}
+        return (_version_key(labels.get(f"{P}.backend.version", "")),
+                _version_key(labels.get(f"{P}.cuda", "")), c.image.tag)
+
+    candidates.sort(key=newest, reverse=True)
+    best = next((c for c in candidates if c.fits), None)
+    return best, candidates
+
+
+def what_host_needs(candidates: list[Candidate], host: HostGpu) -> str:
+    """The smallest host change that would make some image fit (e.g. 'driver ≥ 570.124.06')."""
+    floors = []
+    for candidate in candidates:
+        failed = {v.check for v in candidate.verdicts if not v.ok}
+        if failed == {"driver"}:
+            floors.append(candidate.image.labels[f"{P}.driver.floor"])
+    if floors:
+        lowest = min(floors, key=_version_key)
+        return f"driver ≥ {lowest}"
+    if candidates:
+        return f"an image built for {host.gpu} (compute capability {host.compute_capability})"
+    return "an image published for this model/backend"
+

@@ -1,0 +1,192 @@
+"""``imgfab smoke``: start an image in every run shape its artifacts use, and smoke-test each.
+
+Each shape (:mod:`imgfab.render.shapes`: run.sh, compose.yaml, k8s.yaml) is started with its own
+container options, one after the other, and reported separately (:class:`ShapesReport`).
+run.sh and compose share one JIT cache volume, as they do on a host (the same volume name):
+the first start compiles, the second shows a restart loading what was compiled; k8s starts
+with empty emptyDir-like volumes, so it compiles again. A cache volume smoke made is removed.
+
+``--synthetic-model`` serves a small random-weight model of the recipe's architecture
+(``compat/models.yaml``), written by :mod:`imgfab.ops.synthetic_model` run inside the image
+itself, so any GPU host can prove an image starts and serves without the real (possibly gated)
+weights. The report says so: synthetic weights prove start-up and serving, not the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from imgfab.render import shapes
+from imgfab.render.shapes import SHAPES
+from imgfab.errors import EngineError, RecipeError
+from imgfab.ops.smoke import RunSettings, SmokeReport, smoke_image
+
+SYNTHETIC_NOTE = ("synthetic weights: a random-weight {architecture} with a generated tokenizer "
+                  "(imgfab.ops.synthetic_model), made inside the image; this proves the image starts, "
+                  "loads a checkpoint of its architecture and serves it, not the model's answers")
+# A random-weight model may end an answer at once: run every answer to max_tokens instead
+# (vLLM's and trtllm-serve's OpenAI servers take ignore_eos).
+SYNTHETIC_BODY = {"ignore_eos": True}
+
+
+@dataclass
+class ShapesReport:
+    """One image smoke-tested in one or more run shapes."""
+
+    image: str
+    weights: str
+    synthetic: bool
+    shapes: list[SmokeReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.shapes) and all(r.passed for r in self.shapes)
+
+    def to_json(self) -> str:
+        return json.dumps({"image": self.image, "passed": self.passed, "weights": self.weights,
+                           "synthetic": self.synthetic, "notes": self.notes,
+                           "shapes": [asdict(r) for r in self.shapes]}, indent=2)
+
+
+def model_architecture(model_id: str, compat_dir: Path | None = None) -> str | None:
+    """The architecture ``compat/models.yaml`` records for ``model_id`` (None: not recorded)."""
+    from imgfab.matrix.compat import default_compat_dir  # noqa: PLC0415
+
+    path = (compat_dir or default_compat_dir()) / "models.yaml"
+    rows = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("models") or []
+    return next((str(r["architecture"]) for r in rows if r.get("model") == model_id), None)
+
+
+def make_synthetic_model(image: str, directory: Path, architecture: str, *,
+                         mounts: list[tuple[str, str, bool]] = (), engine: Any = None) -> dict[str, Any]:
+    """Write a synthetic model of ``architecture`` into ``directory`` with the image's own
+    Python (numpy, safetensors, tokenizers); returns what the generator printed."""
+    from imgfab.ops.synthetic_model import ARCHITECTURES  # noqa: PLC0415
+
+    if architecture not in ARCHITECTURES:
+        raise RecipeError(f"no synthetic model for architecture {architecture!r}",
+                          field="--architecture", fix=f"one of: {', '.join(ARCHITECTURES)}")
+    engine = engine or importlib.import_module("imgfab.docker.engine")
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o777)  # the image's non-root user writes here
+    script = (resources.files("imgfab.ops") / "synthetic_model.py").read_text(encoding="utf-8")
+    out = engine.run_python(image, script, ["/synthetic", architecture],
+                            mounts=[(str(directory), "/synthetic", False), *mounts])
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise EngineError(f"the synthetic model generator printed no result: {out[-200:]!r}",
+                          field="--synthetic-model", fix="see the message") from None
+
+
+def image_uid(config_user: str) -> int:
+    """The uid of an image's ``USER`` (``10001:10001`` → 10001); EngineError for root/none."""
+    head = (config_user or "").split(":", 1)[0]
+    if not head.isdigit() or int(head) == 0:
+        raise EngineError(f"the image's USER is {config_user!r}, not a numeric non-root uid",
+                          field="IMAGE", fix="smoke an image built by imgfab")
+    return int(head)
+
+
+def smoke_shapes(image: str, settings: RunSettings, names: list[str] | tuple[str, ...], *,
+                 uid: int, cache_volume: str | None = None, engine: Any = None,
+                 weights: str = "", synthetic_note: str = "") -> ShapesReport:
+    """Smoke-test ``image`` in each shape of ``names`` (:data:`imgfab.render.shapes.SHAPES`), in that
+    order. ``cache_volume``: the JIT cache volume run.sh and compose share (None: a fresh one,
+    removed afterwards)."""
+    engine = engine or importlib.import_module("imgfab.docker.engine")
+    report = ShapesReport(image=image, weights=synthetic_note or weights, synthetic=bool(synthetic_note))
+    volume = cache_volume or f"imgfab-smoke-{uuid.uuid4().hex[:8]}-cache"
+    try:
+        for name in names:
+            shape = shapes.shape(name, uid=uid, cache=volume)
+            report.shapes.append(smoke_image(image, replace(settings, shape=shape), engine))
+    finally:
+        if cache_volume is None:
+            try:
+                engine.remove_volume(volume)
+            except EngineError as exc:
+                report.notes.append(f"cache volume {volume} not removed: {exc.one_line()}")
+    return report
+
+
+def synthetic_directory() -> Path:
+    return Path(tempfile.mkdtemp(prefix="imgfab-synthetic-"))
+
+
+def remove_directory(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def build_smoke(image: str, recipe: Any, options: Any) -> dict[str, Any]:
+    """``imgfab build --smoke``: the image in every run shape (run.sh, compose, k8s), as
+    ``imgfab smoke`` starts it, with the build's weights (``options``: its BuildOptions)."""
+    gpus: Any = None if options.smoke_gpus == "none" else options.smoke_gpus
+    ulimits = {"memlock": -1, "stack": 67108864} if options.smoke_memlock else {"stack": 67108864}
+    settings = RunSettings(gpus=gpus, shm_size=recipe.image.shm_size, ulimits=ulimits,
+                           mounts=((str(Path(options.weights).resolve()),
+                                    recipe.model.mount_path, True),),
+                           container_port=recipe.serve.port, completions=True)
+    report = smoke_shapes(image, settings, SHAPES, uid=recipe.image.uid,
+                          weights=str(options.weights))
+    return {"passed": report.passed,
+            "failures": [f"{r.shape}: {f}" for r in report.shapes for f in r.failures],
+            "shapes": {r.shape: {"passed": r.passed, "healthy_after_s": r.healthy_after_s,
+                                 "ttft_ms": r.ttft_ms, "tokens_per_s": r.tokens_per_s}
+                       for r in report.shapes}}
+
+
+def smoke_command(image: str, *, weights: Path | None, architecture: str | None = None,
+                  shapes: tuple[str, ...] = SHAPES, gpus: Any = "all", devices: tuple[str, ...] = (),
+                  mounts: list[tuple[str, str, bool]] = (), env: dict[str, str] | None = None,
+                  network: str | None = None, cache_volume: str | None = None,
+                  timeout_s: float = 900.0, memlock: bool = True, engine: Any = None) -> ShapesReport:
+    """``imgfab smoke``: ``image`` (built by imgfab: its labels give the mount, port and shm)
+    in each of ``shapes``, serving ``weights`` or, when None, a synthetic model of
+    ``architecture`` (default: compat/models.yaml for the image's model id) made inside the
+    image. ``mounts``, ``devices``, ``env`` and ``network`` reach every container (GPU access
+    without the NVIDIA runtime, a host without a bridge network). RecipeError for an image
+    imgfab did not build or an architecture it cannot make; EngineError from the engine."""
+    engine = engine or importlib.import_module("imgfab.docker.engine")
+    config = engine.inspect_image(image).get("Config") or {}
+    labels = config.get("Labels") or {}
+    if "org.imgfab.model.mount" not in labels:
+        raise RecipeError(f"{image} has no org.imgfab labels", field="IMAGE",
+                          fix="smoke an image built by imgfab")
+    uid = image_uid(str(config.get("User") or ""))
+    directory, note = None, ""
+    if weights is None:
+        model_id = labels.get("org.imgfab.model.id", "")
+        architecture = architecture or model_architecture(model_id)
+        if architecture is None:
+            raise RecipeError(f"compat/models.yaml has no architecture for {model_id}",
+                              field="--architecture", fix="name it, e.g. --architecture LlamaForCausalLM")
+        directory = synthetic_directory()
+        weights = directory
+        note = SYNTHETIC_NOTE.format(architecture=architecture)
+    try:
+        if directory is not None:
+            make_synthetic_model(image, directory, architecture, mounts=list(mounts), engine=engine)
+        ulimits = {"memlock": -1, "stack": 67108864} if memlock else {"stack": 67108864}
+        settings = RunSettings(
+            gpus=gpus, shm_size=int(labels["org.imgfab.shm.min_bytes"]), ulimits=ulimits,
+            mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True), *mounts),
+            env=dict(env or {}), devices=tuple(devices), network=network,
+            container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
+            completions=True, extra_body=dict(SYNTHETIC_BODY) if directory is not None else {})
+        return smoke_shapes(image, settings, shapes, uid=uid, cache_volume=cache_volume,
+                            engine=engine, weights=str(weights), synthetic_note=note)
+    finally:
+        if directory is not None:
+            remove_directory(directory)

@@ -1,0 +1,395 @@
+"""``imgfab lock``: a stack's whole Python payload, pinned with hashes, in ``recipes/<name>.lock``.
+
+The lock is resolved for the image's own Python and wheel platform (``compat/payload.yaml``),
+not the host's, by ``uv pip compile --python-version --python-platform`` (uv needs no such
+interpreter). Its body is a requirements file (every package ``==`` with its ``--hash``es, for
+``uv pip install --require-hashes --no-deps``); its header names the stack, the indexes, the
+fingerprint of what decided the payload, the measured size cuts and the layer groups
+(``# layer <group> (<size>): <names>``) the build stages the payload into.
+
+Contract:
+
+- :func:`payload_request` — Recipe × Stack (+ compat dir) → :class:`PayloadRequest` (pure).
+- :func:`lock_recipe` — resolve, inspect (each wheel's RECORD, read by range requests: see
+  :mod:`imgfab.matrix.wheelzip`), check and write. Refusals (:class:`~imgfab.errors.CompatibilityError`,
+  exit 2) name the packages: CUDA wheels of two majors, two distributions writing one file with
+  different bytes, a torch built for another CUDA major, a name taken from the wrong index.
+- :func:`check_lock` — offline: is the committed lock present and does its fingerprint match?
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from imgfab.in_image import stage
+from imgfab.errors import CompatibilityError, NetworkError, RecipeError
+from imgfab.matrix.compat import tensorrt_pin
+from imgfab.payload.checks import (check_cuda_majors, check_file_collisions, check_indexes,
+                                   check_packages, check_torch_cuda, torch_cuda_major)
+from imgfab.payload.lockfile import (_CUDA_WHEEL, _DEFAULT_INDEX, LAYER_LIMIT, PLAN_LIMIT, IndexPin,
+                                     Lock, LockedPackage, PayloadRequest, format_lock, layer_plan,
+                                     lock_diff, reviewed_collisions)
+
+# The names other stations and the tests use, wherever they live in this package.
+__all__ = ["LAYER_LIMIT", "PLAN_LIMIT", "Lock", "LockedPackage", "PayloadRequest", "IndexPin",
+           "check_cuda_majors", "check_file_collisions", "check_indexes", "check_lock",
+           "check_packages", "check_torch_cuda", "committed_lock", "format_lock", "layer_plan",
+           "load_for_build", "lock_diff", "lock_path", "lock_recipe", "payload_request",
+           "requirement_pins", "reviewed_collisions", "served_stack", "torch_cuda_major"]
+
+
+def requirement_pins(stack: Any) -> list[str]:
+    """The payload's top-level pins: the backend and torch exactly (``imgfab lock`` resolves
+    the rest; where each name comes from is compat/payload.yaml's business)."""
+    package = {"vllm": "vllm", "tensorrt-llm": "tensorrt-llm"}[stack.backend]
+    pins = [f"{package}=={stack.backend_version}"]
+    if stack.torch:
+        pins.append(f"torch=={stack.torch}")
+    if stack.backend == "tensorrt-llm":  # one exact TensorRT: the engine's cache key and label name it
+        pins.append(f"tensorrt=={tensorrt_pin(stack.tensorrt, stack.backend_version)}")
+    # The run-time JIT toolchain's wheels, at the CUDA toolkit release torch pins (backends.yaml).
+    pins.extend(stack.payload_toolchain)
+    return sorted(pins)
+
+
+def lock_path(recipe_path: str | Path, recipe_name: str) -> Path:
+    return Path(recipe_path).resolve().parent / f"{recipe_name}.lock"
+
+
+def _payload_data(compat_dir: Path | None) -> dict[str, Any]:
+    from imgfab.matrix.compat import default_compat_dir  # noqa: PLC0415
+
+    path = (compat_dir or default_compat_dir()) / "payload.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> PayloadRequest:
+    """The pins and targets of ``stack``'s payload. Pure over the compat data."""
+    data = _payload_data(compat_dir)
+    platforms = {row["os"]: row for row in data.get("platforms", [])}
+    if stack.os not in platforms:
+        raise RecipeError(f"no wheel platform for {stack.os} in compat/payload.yaml",
+                          field="target", fix="add the OS's glibc to compat/payload.yaml platforms")
+    cuda_major = stack.cuda.split(".")[0]
+    indexes = tuple(IndexPin(row["url"], tuple(sorted(stage.normalize(n) for n in row["names"])))
+                    for row in data.get("indexes", [])
+                    if row["backend"] == stack.backend and str(row["cuda_major"]) == cuda_major)
+    torch = f", torch {stack.torch}" if stack.torch else ""
+    return PayloadRequest(
+        recipe=recipe.name,
+        stack_line=(f"{stack.backend} {stack.backend_version}{torch}, CUDA {stack.cuda}, "
+                    f"{stack.os}, Python {stack.python}"),
+        pins=tuple(requirement_pins(stack)), python=stack.python,
+        platform=platforms[stack.os]["python_platform"], cuda_major=cuda_major,
+        indexes=indexes, default_index=data.get("default_index", _DEFAULT_INDEX),
+        installer=_installer_line(data),
+        collisions_allowed=tuple(sorted((row["path"], tuple(sorted(stage.normalize(n) for n in row["packages"])))
+                                        for row in data.get("file_collisions_allowed", []))),
+        serves=(stack.compute_capability,), gpu=stack.gpu,
+        other_majors_allowed=tuple(sorted(stage.normalize(row["package"])
+                                          for row in data.get("cuda_major_exceptions", [])
+                                          if row["backend"] == stack.backend
+                                          and str(row["cuda_major"]) == cuda_major)))
+
+
+def _installer_line(data: dict[str, Any]) -> str:
+    row = data.get("installer") or {}
+    if not row:
+        return ""
+    return f"{row['name']}=={row['version']} " + " ".join(f"--hash={h}" for h in sorted(row["hashes"]))
+
+
+# ---------------------------------------------------------------- the lock file
+
+
+# ---------------------------------------------------------------- resolving
+
+
+def uv_binary() -> str:
+    try:
+        from uv import find_uv_bin  # noqa: PLC0415
+    except ImportError:
+        raise RecipeError("uv is not installed", field="imgfab lock",
+                          fix="pip install uv (it is in imgfab's test extras)") from None
+    return find_uv_bin()
+
+
+def _uv_version(uv: str) -> str:
+    return subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
+                     uv: str | None = None) -> list[LockedPackage]:
+    """Resolve ``request`` with uv into packages with their platform's wheels and hashes.
+
+    ``index_url`` replaces every index (a mirror, or the tests' fake index)."""
+    uv = uv or uv_binary()
+    indexes = [index_url] if index_url else [p.url for p in request.indexes] + [request.default_index]
+    with tempfile.TemporaryDirectory(prefix="imgfab-lock-") as scratch:
+        source = Path(scratch) / "requirements.in"
+        source.write_text("\n".join(request.pins) + "\n")
+        out = Path(scratch) / "pylock.toml"
+        argv = [uv, "pip", "compile", str(source), "-o", str(out), "--quiet", "--no-header",
+                "--python-version", request.python, "--python-platform", request.platform,
+                "--only-binary", ":all:", "--index-strategy", "first-index",
+                "--default-index", indexes[-1]]
+        for url in indexes[:-1]:
+            argv += ["--index", url]
+        env = dict(os.environ, UV_NO_CONFIG="1")
+        env.setdefault("SSL_CERT_FILE", os.environ.get("IMGFAB_CA_CERT") or "/etc/ssl/certs/ca-certificates.crt")
+        result = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            message = " ".join(line.strip() for line in result.stderr.splitlines()
+                               if line.strip() and not line.startswith("warning"))[:600]
+            if "Failed to fetch" in message or "error sending request" in message:
+                raise NetworkError(f"uv could not reach an index: {message}", field="lock",
+                                   fix="check the network, or pass --index-url MIRROR")
+            raise CompatibilityError(f"the payload {' '.join(request.pins)} does not resolve for "
+                                     f"Python {request.python} on {request.platform}: {message}",
+                                     field="lock")
+        data = tomllib.loads(out.read_text())
+    packages = []
+    for entry in data.get("packages", []):
+        wheels = entry.get("wheels") or []
+        packages.append(LockedPackage(
+            name=stage.normalize(entry["name"]), version=str(entry["version"]),
+            hashes=sorted(f"sha256:{w['hashes']['sha256']}" for w in wheels),
+            urls=[w["url"] for w in wheels]))
+    return sorted(packages, key=lambda p: p.name)
+
+
+def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves: tuple[str, ...] = ()) -> None:
+    """Fill each package's RECORD files, installed size and cuts (and torch's Requires-Dist);
+    ``serves``: the compute capabilities whose cubins stay (:func:`imgfab.in_image.stage.cut_kind`)."""
+    from imgfab.matrix.wheelzip import read_members  # noqa: PLC0415
+
+    def one(package: LockedPackage) -> None:
+        if not package.urls:
+            return
+        suffixes = (".dist-info/RECORD", ".dist-info/METADATA") if package.name == "torch" \
+            else (".dist-info/RECORD",)
+        members = read_members(package.urls[0], package.hashes[0].split(":", 1)[1], suffixes)
+        for row in members[".dist-info/RECORD"].splitlines():
+            parts = row.rsplit(",", 2)
+            if len(parts) != 3:
+                continue
+            path, digest, size = parts
+            package.files[path] = digest
+            count = int(size) if size.isdigit() else 0
+            kind = stage.cut_kind(path, serves)
+            if kind:
+                package.cuts[kind] = package.cuts.get(kind, 0) + count
+                if kind == "arch":
+                    sm, suffix = stage.cubin_arch(path)  # type: ignore[misc]
+                    package.cut_archs.add(f"sm{sm}{suffix}")
+            else:
+                # imgfab-stage compiles every .py: count its pyc as large as the source (the
+                # real vLLM payload: 0.34 GB of pyc for its .py files; cuda-1 planned at 2.00 GB
+                # without this measured 2.02 GB).
+                package.installed += count * 2 if path.endswith(".py") else count
+        if ".dist-info/METADATA" in members:
+            package.requires = [line.split(":", 1)[1].strip()
+                                for line in members[".dist-info/METADATA"].splitlines()
+                                if line.startswith("Requires-Dist:")]
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, packages))
+
+
+# ---------------------------------------------------------------- lock-time checks
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _index_answers(url: str, name: str) -> bool:
+    import requests  # noqa: PLC0415
+
+    try:
+        return requests.get(f"{url.rstrip('/')}/{name}/", timeout=10).status_code < 500
+    except requests.RequestException:
+        return False
+
+
+def _unreachable_refusal(request: PayloadRequest, stack: Any, index_url: str | None) -> str:
+    """The exact conflict when a pinned index does not answer (empty when all answer)."""
+    if index_url:
+        return ""
+    silent = [pin for pin in request.indexes if not _index_answers(pin.url, pin.names[0])]
+    if not silent:
+        return ""
+    # What the reachable index would give instead: resolve torch alone from it and say why
+    # that cannot go in this image.
+    # A local version label (2.9.1+cu130) exists only on its own index: what the reachable one
+    # gives is the public release of the same version.
+    torch_pins = tuple(p for p in request.pins if p.startswith("torch=="))
+    alone = PayloadRequest(request.recipe, request.stack_line,
+                           tuple(p.split("+", 1)[0] for p in torch_pins),
+                           request.python, request.platform, request.cuda_major, (), request.default_index)
+    because = "".join(f"{pin} is not on {request.default_index}; " for pin in torch_pins if "+" in pin)
+    if alone.pins:
+        packages = resolve_packages(alone)
+        inspect_packages([p for p in packages if p.name == "torch"])
+        torch = next(p for p in packages if p.name == "torch")
+        major = torch_cuda_major(torch)
+        if major != request.cuda_major:
+            evidence = ", ".join(r.split(";")[0].strip() for r in torch.requires
+                                 if r.startswith(("nvidia-nccl", "nvidia-cuda-runtime")))
+            count = sum(1 for p in packages if _CUDA_WHEEL.match(p.name))
+            because += (f"torch {torch.version} on {request.default_index} is a CUDA {major} build "
+                       f"({evidence}; {count} nvidia-*-cu{major} wheels in all) and the stack is "
+                       f"CUDA {stack.cuda}; ")
+    where = " and ".join(f"{' '.join(p.names)} only on {p.url}" for p in silent)
+    return (f"{stack.backend} {stack.backend_version} is incompatible with the reachable indexes: "
+            f"{because}it needs {where}, which did not answer")
+
+
+@dataclass
+class LockResult:
+    path: Path
+    lock: Lock
+    diff: list[str]
+    written: bool
+
+
+def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | None = None,
+                output: Path | None = None, compat_dir: Path | None = None,
+                python: str | None = None, platform: str | None = None,
+                extra_pins: dict[str, str] | None = None) -> LockResult:
+    """Write (or keep) the lock of one recipe. A fresh lock is kept unless ``upgrade``.
+
+    Raises :class:`CompatibilityError` (exit 2) for a refused payload, after writing a lock
+    whose header says ``refused:`` (so ``--check`` knows the refusal is current)."""
+    from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
+    from imgfab.recipe import load_recipe  # noqa: PLC0415
+    from imgfab.stack.resolve import resolve  # noqa: PLC0415
+
+    recipe = load_recipe(recipe_path)
+    stack = resolve(recipe, load_matrix(compat_dir)).stack
+    request = payload_request(recipe, stack, compat_dir)
+    if index_url:  # one index for every name (a mirror): the header says so
+        request = replace(request, indexes=(), default_index=index_url)
+    if python or platform:  # another interpreter than the stack's (the local stack's stand-ins)
+        if output is None:
+            raise RecipeError("a lock for another Python or platform is not the recipe's lock",
+                              field="--python-version/--python-platform", fix="write it with --output FILE")
+        request = replace(request, python=python or request.python, platform=platform or request.platform)
+    if extra_pins:  # what-if pins (bench: another vLLM patch release); never the recipe's lock
+        if output is None:
+            raise RecipeError("a lock with other pins is not the recipe's lock", field="pins",
+                              fix="write it with --output FILE")
+        current = dict(pin.split("==", 1) for pin in request.pins)
+        request = replace(request, pins=tuple(sorted(f"{n}=={v}" for n, v in (current | extra_pins).items())))
+    path = output or lock_path(recipe_path, recipe.name)
+    old = Lock.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if old and not upgrade and old.fingerprint == request.fingerprint() and not old.refused:
+        return LockResult(path, old, [], False)
+    uv = uv_binary()
+    refused = _unreachable_refusal(request, stack, index_url)
+    packages: list[LockedPackage] = []
+    if not refused:
+        packages = resolve_packages(request, index_url=index_url, uv=uv)
+        inspect_packages(packages, serves=request.serves)
+        try:
+            check_packages(packages, request, stack.cuda, index_url)
+        except CompatibilityError as error:
+            refused = error.message
+    text = format_lock(request, packages, uv_version=_uv_version(uv), refused=refused)
+    new = Lock.parse(text)
+    _write(path, text)
+    if refused:
+        raise CompatibilityError(refused, field=f"lock {recipe.name}",
+                                 fix="see compat/payload.yaml indexes; the refusal is recorded in "
+                                 f"{path.name}")
+    return LockResult(path, new, lock_diff(old, new), True)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+@dataclass
+class CheckResult:
+    recipe: str
+    path: Path
+    problem: str  # "" when fresh
+    note: str = ""  # refused / unhashed names, for a fresh lock
+
+
+def check_lock(recipe_path: str, compat_dir: Path | None = None) -> CheckResult:
+    """Offline: compare the committed lock's fingerprint with the recipe and matrix."""
+    from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
+    from imgfab.recipe import load_recipe  # noqa: PLC0415
+    from imgfab.stack.resolve import resolve  # noqa: PLC0415
+
+    recipe = load_recipe(recipe_path)
+    stack = resolve(recipe, load_matrix(compat_dir)).stack
+    request = payload_request(recipe, stack, compat_dir)
+    path = lock_path(recipe_path, recipe.name)
+    if not path.is_file():
+        return CheckResult(recipe.name, path, "missing")
+    lock = Lock.parse(path.read_text(encoding="utf-8"))
+    if lock.fingerprint != request.fingerprint():
+        return CheckResult(recipe.name, path, f"stale (its fingerprint {lock.fingerprint[:12] or 'none'}, "
+                                              f"the recipe and matrix give {request.fingerprint()[:12]})")
+    note = f"refused: {lock.refused}" if lock.refused else ""
+    if lock.unhashed:
+        note = f"unhashed (index unreachable): {' '.join(lock.unhashed)}"
+    return CheckResult(recipe.name, path, "", note)
+
+
+def load_for_build(recipe_path: str, recipe: Any, stack: Any, lock_file: Path | None = None,
+                   compat_dir: Path | None = None) -> Lock:
+    """The lock a build installs: ``lock_file`` as given, or the recipe's committed lock,
+    which must be fresh. Refused, missing or stale locks are :class:`RecipeError` (exit 2)."""
+    if lock_file is not None:
+        if not Path(lock_file).is_file():
+            raise RecipeError(f"{lock_file} is not a file", field="--lock", fix="give a lock file")
+        lock = Lock.parse(Path(lock_file).read_text(encoding="utf-8"))
+    else:
+        result = check_lock(recipe_path, compat_dir)
+        if result.problem:
+            raise RecipeError(f"{result.path} is {result.problem}", field="lock",
+                              fix=f"run `imgfab lock {recipe_path}` and commit the lock")
+        lock = Lock.parse(result.path.read_text(encoding="utf-8"))
+    if lock.refused:
+        raise CompatibilityError(lock.refused, field=f"lock {recipe.name}",
+                                 fix="see compat/payload.yaml indexes")
+    if lock.unhashed:
+        raise RecipeError(f"the lock pins {' '.join(lock.unhashed)} without hashes", field="lock",
+                          fix="lock where their index answers")
+    if not lock.packages:
+        raise RecipeError("the lock names no packages", field="lock", fix=f"run `imgfab lock {recipe_path}`")
+    return lock
+
+
+def served_stack(stack: Any, lock: Lock | None) -> Any:
+    """``stack`` as its image built from ``lock`` serves it: the arch label (``archs``) without
+    the GPUs whose cubins the lock's ``# cubins-cut:`` line says the stage removes."""
+    if lock is None or not lock.cubins_cut:
+        return stack
+    return replace(stack, archs=lock.serving_archs(stack.archs))
+
+
+def committed_lock(recipe_path: str | Path, recipe: Any, stack: Any,
+                   compat_dir: Path | None = None) -> Lock | None:
+    """The recipe's committed lock when it is fresh and installable; None otherwise."""
+    path = lock_path(recipe_path, recipe.name)
+    if not path.is_file():
+        return None
+    lock = Lock.parse(path.read_text(encoding="utf-8"))
+    if lock.fingerprint != payload_request(recipe, stack, compat_dir).fingerprint() \
+            or lock.refused or lock.unhashed or not lock.packages:
+        return None
+    return lock

@@ -1,0 +1,112 @@
+"""Recipes → one ``docker-bake.json`` for ``docker buildx bake`` (remote BuildKit builders, CI).
+
+Each recipe is resolved and rendered into ``<bake file's folder>/<recipe name>`` (as
+``imgfab render`` does), then gets one bake target. Format: the JSON flavour of the Bake file
+reference, https://docs.docker.com/build/bake/reference/ (``group``/``target`` blocks).
+
+Paths in the file are relative to the directory :func:`write_bake` ran in, which is where
+Bake resolves them: run ``docker buildx bake -f build/docker-bake.json`` from there.
+
+TensorRT engine recipes are rendered for ``--engine-at-start``: Bake cannot run the GPU compile
+phase of a two-phase build, whose ``engine/`` would otherwise be missing from the context; the
+engine compiles on the serving host's first start into the engine cache volume.
+
+Build secrets come from the environment of the ``bake`` process, by content, so an unset
+variable is simply an absent secret (``netenv.sh`` tests ``-s``), never a failed build:
+``IMGFAB_CA_CERT_PEM`` (a PEM bundle → secret ``ca-cert``) and ``IMGFAB_PIP_CONF`` (a pip.conf
+→ secret ``pip-conf``). E.g. ``IMGFAB_CA_CERT_PEM="$(cat "$IMGFAB_CA_CERT")" docker buildx bake …``.
+
+Build steps run on the builder's default network: an index on the build host must listen on
+an address containers reach (the bridge gateway), not loopback. buildx 0.13 reads no
+``network`` from a JSON bake file (the field is HCL-only there), so none is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from imgfab.errors import RecipeError
+
+# (secret id the Dockerfile mounts, environment variable holding its content)
+SECRETS = (("ca-cert", "IMGFAB_CA_CERT_PEM"), ("pip-conf", "IMGFAB_PIP_CONF"))
+BUILD_STAGE = "runtime"
+
+
+def target_name(recipe_name: str) -> str:
+    """A Bake target name (``[a-zA-Z0-9_-]+``) for a recipe: other characters become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", recipe_name)
+
+
+def mirrored(ref: str, mirror: str | None) -> str:
+    """``ref`` under the mirror prefix, as scripts/local-stack.sh pushes them:
+    ``nvidia/cuda:12.8.1-devel-ubuntu24.04`` → ``<mirror>/nvidia/cuda:12.8.1-devel-ubuntu24.04``."""
+    return f"{mirror.rstrip('/')}/{ref}" if mirror else ref
+
+
+def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
+                    registry: str | None = None, compat_dir: Path | None = None,
+                    lock_dir: Path | None = None) -> dict[str, Any]:
+    """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict).
+
+    Raises :class:`RecipeError` / :class:`CompatibilityError` as ``imgfab render`` does, and
+    :class:`RecipeError` when two recipes map to the same target name.
+    """
+    from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
+    from imgfab.payload.lock import load_for_build  # noqa: PLC0415
+    from imgfab.recipe import load_recipe  # noqa: PLC0415
+    from imgfab.render.context import image_tag, render_context, write_context  # noqa: PLC0415
+    from imgfab.stack.resolve import resolve  # noqa: PLC0415
+
+    matrix = load_matrix(compat_dir)
+    targets: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    for path in recipe_paths:
+        recipe = load_recipe(path)
+        stack = resolve(recipe, matrix, None).stack
+        strategy = "at-start" if stack.backend_path == "engine" else "two-phase"
+        # The payload the builder installs, as `imgfab build` would: the committed fresh lock,
+        # or <lock_dir>/<name>.lock as given (locks resolved against a mirror or a test index).
+        lock = load_for_build(path, recipe, stack, lock_dir / f"{recipe.name}.lock" if lock_dir else None,
+                              compat_dir)
+        context = write_context(render_context(recipe, stack, matrix, engine_strategy=strategy,
+                                               lock=lock), out_dir / recipe.name)
+        name = target_name(recipe.name)
+        if name in targets:
+            raise RecipeError(f"{path} and {sources[name]} both become bake target {name}",
+                              field="name", fix="give the recipes distinct names")
+        sources[name] = path
+        repository = f"{registry.rstrip('/')}/{recipe.image.repository}" if registry \
+            else recipe.image.repository
+        targets[name] = {
+            "context": Path(os.path.relpath(context, Path.cwd())).as_posix(),
+            "dockerfile": "Dockerfile",
+            "target": BUILD_STAGE,
+            "args": {"BUILDER_IMAGE": mirrored(stack.builder_image, mirror),
+                     "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)},
+            "tags": [f"{repository}:{image_tag(recipe, stack)}"],
+            "secret": [f"type=env,id={sid},env={var}" for sid, var in SECRETS],
+        }
+    return {"group": {"default": {"targets": sorted(targets)}},
+            "target": dict(sorted(targets.items()))}
+
+
+def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
+               registry: str | None = None, compat_dir: Path | None = None,
+               lock_dir: Path | None = None) -> Path:
+    """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
+
+    ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
+    ``registry`` prefixes the tags. The JSON is deterministic (sorted keys, trailing newline).
+    """
+    path = Path(path)
+    definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
+                                 compat_dir=compat_dir, lock_dir=lock_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_text(json.dumps(definition, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(staging, path)
+    return path

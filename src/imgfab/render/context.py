@@ -1,0 +1,522 @@
+"""Stack → build context: Dockerfile, lock file, run artifacts, the in-image probe.
+
+:func:`render_context` is pure (recipe + stack in, ``{relative path: text}`` out) and
+deterministic: the same recipe and matrix give byte-identical files. :func:`write_context`
+writes them atomically: a failed write leaves no directory behind, a successful one replaces
+the previous render whole.
+
+Decisions live here; the templates under ``templates/`` only lay them out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from imgfab import __version__
+from imgfab.errors import RecipeError
+from imgfab.in_image.stage import BASE_GROUP
+from imgfab.matrix.compat import Matrix
+from imgfab.payload.lock import Lock, requirement_pins, served_stack
+from imgfab.recipe import Recipe, recipe_hash
+from imgfab.render import shapes, trtllm
+from imgfab.stack.resolve import Stack
+from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
+
+
+LABEL_PREFIX = "org.imgfab"
+# Files of the imgfab package copied into every image so the probe runs the resolver's rules.
+PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "probe.py")  # of imgfab.in_image, copied into images
+DEFAULT_INDEX = "https://pypi.org/simple"
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def templates_dir() -> Path:
+    return Path(str(resources.files("imgfab") / "_data" / "templates"))
+
+
+def _no_newline(text: str) -> str:
+    if any(ch in text for ch in "\n\r\x00"):
+        raise RecipeError("a value contains a newline", field="recipe",
+                          fix="remove line breaks from recipe values")
+    return text
+
+
+def _scalar(value: Any, filter_name: str) -> str:
+    """A str or int as text; any other type is a template bug, refused loudly."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"the {filter_name!r} filter takes one str or int, got "
+                        f"{type(value).__name__}: {value!r:.60}")
+    return _no_newline(str(value))
+
+
+def dockerfile_value(value: Any) -> str:
+    """The one escaping filter for values that reach a Dockerfile (``dq``).
+
+    Takes one str or int (anything else is a template bug: ``TypeError``), rejects newlines
+    and NULs outright (a newline would start a new instruction) and quotes the value for a
+    double-quoted Dockerfile/shell context.
+    """
+    text = _scalar(value, "dq")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+
+
+def shell_words(argv: list[str]) -> str:
+    """Quote an argv for a POSIX shell, one word per argument (``sh``).
+
+    Takes a list or tuple of str only: a plain string would be iterated character by
+    character (``--name q w e n 2``), so it is refused with ``TypeError``; use ``shq``.
+    """
+    if not isinstance(argv, (list, tuple)):
+        raise TypeError(f"the 'sh' filter takes an argv list, got {type(argv).__name__}: "
+                        f"{argv!r:.60}; quote one word with 'shq'")
+    words = []
+    for arg in argv:
+        if not isinstance(arg, str):
+            raise TypeError(f"the 'sh' filter takes str arguments, got {type(arg).__name__}: {arg!r:.60}")
+        words.append(shlex.quote(_no_newline(arg)))
+    return " ".join(words)
+
+
+def shell_word(value: Any) -> str:
+    """One str or int quoted as a single POSIX shell word (``shq``)."""
+    return shlex.quote(_scalar(value, "shq"))
+
+
+def yaml_value(value: Any) -> str:
+    """A value for a YAML document (``yaml``), written by a serializer, never by hand.
+
+    Strings are always double-quoted (JSON is YAML): a name like ``123``, ``on`` or ``0x1f``
+    stays a string. Numbers, booleans and lists/mappings of them are JSON-encoded; ``None``
+    and other types are refused with ``TypeError``.
+    """
+    def check(item: Any) -> None:
+        if item is None or not isinstance(item, (str, int, float, bool, list, tuple, dict)):
+            raise TypeError(f"the 'yaml' filter cannot write {type(item).__name__}: {item!r:.60}")
+        if isinstance(item, (list, tuple)):
+            for element in item:
+                check(element)
+        elif isinstance(item, dict):
+            for key, element in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"the 'yaml' filter takes str keys, got {key!r:.60}")
+                check(element)
+
+    check(value)
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["dq"] = dockerfile_value
+    env.filters["sh"] = shell_words
+    env.filters["shq"] = shell_word
+    env.filters["yaml"] = yaml_value
+    env.filters["json"] = yaml_value
+    return env
+
+
+def size_bytes(size: str) -> int:
+    match = re.match(r"^([0-9]+)([kmg]?)$", size.lower())
+    if not match:
+        raise RecipeError(f"bad size {size!r}", field="image.shm_size", fix="e.g. 16g")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def _k8s_quantity(size: str) -> str:
+    """Docker size (16g) → Kubernetes quantity (16Gi)."""
+    number, unit = re.match(r"^([0-9]+)([kmg]?)$", size.lower()).groups()  # type: ignore[union-attr]
+    return number + {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit]
+
+
+def image_tag(recipe: Recipe, stack: Stack) -> str:
+    """The tag an ops team picks by: backend+version, CUDA, GPU arch, precision.
+
+    >>> # e.g. vllm0.11.0-cu12.8.1-sm90-fp8
+    """
+    tag = f"{stack.backend.replace('-', '')}{stack.backend_version}-cu{stack.cuda}-{stack.sm}"
+    if stack.precision not in ("auto", "bf16", "fp16"):
+        tag += f"-{stack.precision.replace('_', '')}"
+    if stack.backend_path == "engine":
+        tag += "-engine"
+    return tag
+
+
+def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: str) -> dict[str, str]:
+    """Labels written on the image; the probe reads the same set from /opt/imgfab/image.json."""
+    p = LABEL_PREFIX
+    return {
+        "org.opencontainers.image.title": recipe.name,
+        "org.opencontainers.image.description":
+            f"{recipe.model.id} served by {stack.backend} {stack.backend_version} for {stack.gpu}",
+        "org.opencontainers.image.vendor": "imgfab",
+        "org.opencontainers.image.version": digest[:12],
+        "org.opencontainers.image.base.name": stack.runtime_image,
+        f"{p}.version": __version__,
+        f"{p}.recipe.name": recipe.name,
+        f"{p}.recipe.hash": digest,
+        f"{p}.model.id": recipe.model.id,
+        f"{p}.model.revision": recipe.model.revision or "",
+        f"{p}.model.mount": recipe.model.mount_path,
+        f"{p}.weights.required": weights_required,
+        f"{p}.backend": stack.backend,
+        f"{p}.backend.version": stack.backend_version,
+        f"{p}.backend.path": stack.backend_path,
+        f"{p}.cuda": stack.cuda,
+        f"{p}.cuda.runtime": stack.payload_runtime_toolkit,  # the payload's newest CUDA runtime (issue 10)
+        f"{p}.os": stack.os,
+        f"{p}.python": stack.python,
+        f"{p}.torch": stack.torch,
+        f"{p}.tensorrt": stack.tensorrt,
+        f"{p}.driver.floor": stack.driver_floor,
+        f"{p}.driver.policy": stack.driver_policy,
+        f"{p}.driver.strict_floor": stack.strict_floor,
+        f"{p}.driver.compat_floor": stack.compat_floor,
+        f"{p}.gpu": stack.gpu,
+        f"{p}.gpu.cc": stack.compute_capability,
+        f"{p}.archs": ",".join(stack.archs),
+        f"{p}.arch.exact": "true" if stack.arch_exact else "false",
+        f"{p}.precision": stack.precision,
+        f"{p}.precision.min_cc": stack.precision_min_cc,
+        f"{p}.precision.max_cc": stack.precision_max_cc,
+        f"{p}.kv_cache_dtype": stack.kv_cache_dtype,
+        f"{p}.tp": str(stack.tensor_parallel),
+        f"{p}.pp": str(stack.pipeline_parallel),
+        f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
+        f"{p}.serve.port": str(recipe.serve.port),
+        # What serving compiles on its first start, and where it keeps it (compat/backends.yaml).
+        f"{p}.jit": ",".join(sorted(set(stack.jit))),
+        f"{p}.jit.compiles": "; ".join(stack.jit_compiles),
+        f"{p}.jit.cache": shapes.JIT_CACHE,
+    }
+
+
+def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
+    """Per workload preset, the server argv the entrypoint execs (model path first)."""
+    mount = recipe.model.mount_path
+    name = recipe.serve.served_model_name or recipe.name
+    max_len = recipe.serve.max_model_len or recipe.engine.max_seq_len
+    commands: dict[str, list[str]] = {}
+    for preset, limits in recipe.limits().items():
+        if stack.backend == "vllm":
+            argv = ["vllm", "serve", mount, "--served-model-name", name, "--host", "0.0.0.0",
+                    "--port", str(recipe.serve.port),
+                    "--tensor-parallel-size", str(stack.tensor_parallel),
+                    "--pipeline-parallel-size", str(stack.pipeline_parallel),
+                    "--max-model-len", str(max_len),
+                    "--gpu-memory-utilization", str(recipe.serve.gpu_memory_utilization),
+                    "--max-num-seqs", str(limits["max_num_seqs"]),
+                    "--max-num-batched-tokens", str(limits["max_num_batched_tokens"])]
+            argv.append("--enable-chunked-prefill" if limits["enable_chunked_prefill"]
+                        else "--no-enable-chunked-prefill")
+            argv.append("--enable-prefix-caching" if limits["enable_prefix_caching"]
+                        else "--no-enable-prefix-caching")
+            if recipe.engine.dtype != "auto":
+                argv += ["--dtype", recipe.engine.dtype]
+            if stack.precision == "fp8":
+                argv += ["--quantization", "fp8"]  # online FP8 (W8A8) from a 16-bit checkpoint
+            if stack.kv_cache_dtype == "fp8":
+                argv += ["--kv-cache-dtype", "fp8"]
+        else:  # TensorRT-LLM: built and checked against the release's flag table in trtllm.py
+            served = trtllm.engine_plan(recipe, stack).served_engine \
+                if stack.backend_path == "engine" else None
+            argv = trtllm.serve_argv(recipe, stack, limits, served=served)
+        commands[preset] = argv
+    return commands
+
+
+def _payload(stack: Stack, lock: Lock | None) -> dict[str, Any]:
+    """The lock the builder installs and the layer groups the runtime copies.
+
+    Without a lock (``imgfab render`` of a recipe not locked yet) the context carries the
+    unhashed pins, which ``--require-hashes`` refuses at build time, and one payload layer."""
+    if lock is None:
+        text = ("# not locked: run `imgfab lock RECIPE`; uv --require-hashes refuses this file\n"
+                + "\n".join(requirement_pins(stack)) + "\n")
+        return {"lock_text": text, "installer": "", "layers": [BASE_GROUP], "index": DEFAULT_INDEX}
+    return {"lock_text": lock.text, "installer": lock.installer, "layers": lock.layers(),
+            "index": lock.index or DEFAULT_INDEX}
+
+
+def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
+                   recipe_text: str = "", engine_strategy: str = "two-phase",
+                   lock: Lock | None = None) -> dict[str, str]:
+    """Render every file of the build context. Pure and deterministic.
+
+    ``engine_strategy`` (TensorRT engine path only): ``two-phase`` ships the weight-stripped
+    engine compiled by :func:`imgfab.render.trtllm.two_phase` (``engine/`` in the context), ``at-start``
+    ships none and compiles on first start. See :func:`imgfab.render.trtllm.choose_compile_strategy`.
+    ``lock`` is the payload lock (:mod:`imgfab.payload.lock`) the builder installs and the runtime
+    layers; ``None`` renders the unlocked pins (see :func:`_payload`). With a lock, ``stack`` is
+    rendered as the image serves it (:func:`imgfab.payload.lock.served_stack`: its arch label without
+    the GPUs whose cubins the lock cuts).
+    """
+    stack = served_stack(stack, lock)
+    digest = recipe_hash(recipe)
+    profile = matrix.profiles[stack.backend]
+    labels = image_labels(recipe, stack, digest, profile.weights_required)
+    plan = None
+    if stack.backend == "tensorrt-llm":
+        trtllm.flag_table(stack)  # both paths: refuse a release whose flags cannot be checked
+    if stack.backend_path == "engine":
+        if engine_strategy not in ("two-phase", "at-start"):
+            raise RecipeError(f"engine strategy {engine_strategy!r} is not rendered by this imgfab",
+                              field="--compile", fix="two-phase or --engine-at-start")
+        plan = trtllm.engine_plan(recipe, stack, strategy=engine_strategy)
+        labels.update(plan.labels)
+    tag = image_tag(recipe, stack)
+    repository = recipe.image.repository
+    image_ref = f"{repository}:{tag}"
+    commands = serve_commands(recipe, stack)
+    runtime_packages = sorted(stack.runtime_packages)
+    context: dict[str, Any] = {
+        "imgfab_version": __version__,
+        "recipe": recipe.model_dump(mode="json"),
+        "recipe_hash": digest,
+        "stack": stack.to_dict(),
+        "labels": labels,
+        "tag": tag,
+        "image_ref": image_ref,
+        "builder_packages": sorted(profile.builder_packages),
+        "runtime_packages": runtime_packages,
+        "runtime_toolchain": sorted(stack.runtime_toolchain),
+        "requirements": requirement_pins(stack),
+        "payload": _payload(stack, lock),
+        "serve_commands": commands,
+        "default_preset": recipe.serve.preset,
+        "uid": recipe.image.uid,
+        "mount_path": recipe.model.mount_path,
+        "port": recipe.serve.port,
+        "shm_size": recipe.image.shm_size,
+        "shm_bytes": size_bytes(recipe.image.shm_size),
+        "shm_k8s": _k8s_quantity(recipe.image.shm_size),
+        "gpu_count": stack.tensor_parallel * stack.pipeline_parallel,
+        "health_path": "/health",
+        "engine": _engine_context(plan, recipe),
+        "engine_volume": f"imgfab-{recipe.name}-engines",
+        # --engine-at-start quantizes on first start: the prompts are mounted at run time too.
+        "calibration_mount": trtllm.CALIBRATION_FILE if plan is not None and plan.strategy == "at-start"
+        and recipe.engine.calibration is not None else "",
+        "calibration_dir": trtllm.CALIBRATION_DIR,
+        "jit_cache": shapes.JIT_CACHE,
+        "triton_cache": shapes.TRITON_CACHE,
+        "cache_volume": shapes.cache_volume(recipe.name),
+        "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
+        "cuda_view": _cuda_view(stack),
+    }
+    context["k8s"] = _k8s_context(recipe, stack, labels, matrix, plan)
+    env = _environment()
+    files: dict[str, str] = {
+        "Dockerfile": env.get_template("Dockerfile.j2").render(context),
+        "requirements.lock": context["payload"]["lock_text"],
+        "installer.lock": (context["payload"]["installer"] or "# no installer pinned: not locked") + "\n",
+        "imgfab-stage.py": (resources.files("imgfab.in_image") / "stage.py").read_text(encoding="utf-8"),
+        "netenv.sh": env.get_template("netenv.sh.j2").render(context),
+        "entrypoint.sh": env.get_template("entrypoint.sh.j2").render(context),
+        "imgfab-probe.sh": env.get_template("imgfab-probe.sh.j2").render(context),
+        "run.sh": env.get_template("run.sh.j2").render(context),
+        "compose.yaml": env.get_template("compose.yaml.j2").render(context),
+        "k8s.yaml": env.get_template("k8s.yaml.j2").render(context),
+        "image.json": json.dumps(labels, indent=2, sort_keys=True) + "\n",
+        "imgfab.lock.json": json.dumps(_lock(recipe, stack, digest, tag, context), indent=2,
+                                       sort_keys=True) + "\n",
+    }
+    if plan is not None:
+        files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
+        files["imgfab-quantize.py"] = env.get_template("imgfab-quantize.py.j2").render(context)
+    files.update(in_image_files())
+    return files
+
+
+def in_image_files() -> dict[str, str]:
+    """What every image carries of imgfab (``COPY imgfab/ /opt/imgfab/imgfab/``): the
+    ``imgfab.in_image`` modules the probe needs, byte for byte as in this package, under a
+    stub ``imgfab/__init__.py`` (the host package's own would import nothing it needs)."""
+    package = resources.files("imgfab.in_image")
+    files = {"imgfab/__init__.py": '"""imgfab in-image code (copied from the imgfab package that '
+                                   'rendered this image)."""\n'}
+    for module in PROBE_MODULES:
+        files[f"imgfab/in_image/{module}"] = (package / module).read_text(encoding="utf-8")
+    return files
+
+
+def _cuda_view(stack: Stack) -> dict[str, str] | None:
+    """The payload toolkit view the runtime stage makes (toolchain: payload rows), or None."""
+    if stack.cuda_home != PAYLOAD_CUDA_HOME:
+        return None
+    return {"home": PAYLOAD_CUDA_HOME, "major": stack.cuda.split(".")[0]}
+
+
+# Host resources a serving pod requests per GPU: tokenizer and scheduler threads, and host
+# memory to stage the weights while loading them onto the GPU.
+K8S_CPU_PER_GPU = 4
+K8S_MEMORY_PER_GPU_GI = 16
+K8S_ENGINE_STORAGE = "64Gi"
+
+
+def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: Matrix,
+                 plan: trtllm.EnginePlan | None) -> dict[str, Any]:
+    """What k8s.yaml lays out: placement from the image's own rules, requests, claims."""
+    from imgfab.render.placement import allowed_compute_capabilities, node_affinity_terms
+
+    terms = node_affinity_terms(labels, matrix)
+    if not terms:
+        raise RecipeError(f"no GPU in compat/gpus.yaml passes this image's own rules, so a "
+                          f"Kubernetes pod of it could be placed nowhere", field="target.gpu")
+    gpus = stack.tensor_parallel * stack.pipeline_parallel
+    memory_gi = K8S_MEMORY_PER_GPU_GI * gpus + -(-size_bytes(recipe.image.shm_size) // 1024**3)
+    selector = {"app.kubernetes.io/name": recipe.name}
+    at_start = plan is not None and plan.strategy == "at-start"
+    return {
+        "labels": selector | {"app.kubernetes.io/managed-by": "imgfab"},
+        "selector": selector,
+        "compute_capabilities": allowed_compute_capabilities(labels, matrix),
+        "affinity_terms": terms,
+        "cpu_per_gpu": K8S_CPU_PER_GPU,
+        "memory_per_gpu": f"{K8S_MEMORY_PER_GPU_GI}Gi",
+        "requests": {"cpu": str(K8S_CPU_PER_GPU * gpus), "memory": f"{memory_gi}Gi"},
+        "limits": {"memory": f"{memory_gi}Gi", "nvidia.com/gpu": str(gpus)},
+        "weights_claim": f"{recipe.name}-weights",
+        "engine_claim": f"{recipe.name}-engines",
+        "engine_storage": K8S_ENGINE_STORAGE,
+        "calibration_configmap": f"{recipe.name}-calibration",
+        # Model loading takes minutes; an engine compiled on first start takes up to an hour.
+        "startup_failures": 360 if at_start else 90,
+    }
+
+
+def _engine_context(plan: trtllm.EnginePlan | None, recipe: Recipe) -> dict[str, Any]:
+    """What the TensorRT engine templates lay out; ``{"path": False}`` off the engine path."""
+    if plan is None:
+        return {"path": False}
+    return {"path": True, "strategy": plan.strategy, "cache_key": plan.cache_key,
+            "cache_root": trtllm.ENGINE_CACHE, "cache_dir": plan.cache_dir,
+            "served": plan.served_engine, "in_image": trtllm.ENGINE_IN_IMAGE,
+            "out": trtllm.COMPILE_OUT, "checkpoint_argv": plan.checkpoint_argv,
+            "build_argv": plan.build_argv, "start_checkpoint_argv": plan.start_checkpoint_argv,
+            "start_build_argv": plan.start_build_argv, "refit_argv": plan.refit_argv,
+            "runtime_checkpoint": plan.runtime_checkpoint, "tensorrt": plan.tensorrt,
+            "calibration": recipe.engine.calibration is not None,
+            "calibration_file": trtllm.CALIBRATION_FILE, "flags_note": plan.flags_note,
+            "quantize_script": trtllm.QUANTIZE_SCRIPT, "compile_script": trtllm.COMPILE_SCRIPT}
+
+
+def _lock(recipe: Recipe, stack: Stack, digest: str, tag: str, context: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "imgfab": __version__,
+        "recipe": {"name": recipe.name, "hash": digest},
+        "image": {"repository": recipe.image.repository, "tag": tag,
+                  "builder_base": stack.builder_image, "runtime_base": stack.runtime_image},
+        "stack": stack.to_dict(),
+        "requirements": context["requirements"],
+        "serve": context["serve_commands"],
+    } | ({"engine": {k: v for k, v in context["engine"].items() if k.endswith("argv")}
+          | {"cache_key": context["engine"]["cache_key"], "strategy": context["engine"]["strategy"]}}
+         if context["engine"]["path"] else {})
+
+
+# The file every render directory carries: a directory with it may be replaced by the next
+# render; any other non-empty directory is the user's and is only replaced with force=True.
+RENDER_MARKER = ".imgfab-render"
+_MARKER_TEXT = "rendered by imgfab; `imgfab render -o` replaces this directory whole\n"
+_RENAME_EXCHANGE = 2  # renameat2(2) flag
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap the directories ``a`` and ``b`` (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the system or filesystem cannot."""
+    import ctypes  # noqa: PLC0415
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: fall back to two renames
+        return False
+    raise OSError(error, os.strerror(error), str(b))
+
+
+def _replaceable(output: Path, force: bool) -> bool:
+    """Whether ``output`` exists; RecipeError when it must not be replaced."""
+    resolved = output.resolve()
+    if resolved == Path(resolved.anchor) or Path.cwd().resolve().is_relative_to(resolved):
+        raise RecipeError(f"{output} is the root or holds the working directory; imgfab does "
+                          "not replace it", field="--output", fix="give a directory of its own")
+    if output.is_symlink():
+        raise RecipeError(f"{output} is a symbolic link; imgfab does not write through it",
+                          field="--output", fix="give a directory path")
+    if not output.exists():
+        return False
+    if not output.is_dir():
+        raise RecipeError(f"{output} exists and is not a directory", field="--output",
+                          fix="give a directory path")
+    if force or (output / RENDER_MARKER).is_file() or not any(output.iterdir()):
+        return True
+    raise RecipeError(f"{output} is not empty and holds no previous imgfab render; "
+                      "refusing to replace it", field="--output",
+                      fix="pick another directory, or pass --force to replace it whole")
+
+
+def write_context(files: dict[str, str], output: Path, *, force: bool = False) -> Path:
+    """Write ``files`` into ``output`` atomically; returns ``output``.
+
+    Files go to a temporary sibling directory first; only a complete render is swapped in, with
+    one atomic exchange (readers see the old render or the new one, never neither), and nothing
+    is left behind. ``output`` may be replaced only when it is absent, empty, or carries
+    :data:`RENDER_MARKER` from a previous render; anything else raises RecipeError unless
+    ``force``. Directories are 0755 and files 0644 (``*.sh`` 0755), whatever the umask.
+    """
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    _replaceable(output, force)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        for relative, text in sorted({**files, RENDER_MARKER: _MARKER_TEXT}.items()):
+            path = staging / relative
+            for directory in reversed(path.relative_to(staging).parents[:-1]):
+                (staging / directory).mkdir(exist_ok=True)
+                os.chmod(staging / directory, 0o755)
+            path.write_text(text, encoding="utf-8")
+            os.chmod(path, 0o755 if relative.endswith(".sh") else 0o644)
+        os.chmod(staging, 0o755)
+        for _ in range(8):  # another writer may create or swap `output` in between
+            if not _replaceable(output, force):
+                try:
+                    os.rename(staging, output)
+                    return output
+                except OSError as exc:
+                    if exc.errno not in (17, 39):  # EEXIST, ENOTEMPTY: lost a race
+                        raise
+                    continue
+            if _exchange(staging, output):
+                shutil.rmtree(staging, ignore_errors=True)  # now the previous render
+                return output
+            retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+            try:
+                os.rename(output, retired / "x")
+                os.rename(staging, output)
+            finally:
+                shutil.rmtree(retired, ignore_errors=True)
+            return output
+        raise OSError(f"{output} kept changing under concurrent renders")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

