@@ -104,21 +104,24 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
 @click.option("--driver", help="Resolve for this exact host driver instead of the recipe's floor.")
 @click.option("--force", is_flag=True,
               help="Replace --output even when it holds something other than a previous render.")
+@click.option("--registry", "registry_host", envvar="IMGFAB_REGISTRY",
+              help="Registry the run artifacts name (default: image.registry; env IMGFAB_REGISTRY).")
 @compat_option
 def render(recipe: str, output: str | None, driver: str | None, force: bool,
-           compat_dir: str | None) -> None:
+           registry_host: str | None, compat_dir: str | None) -> None:
     """Render RECIPE's build context: Dockerfile, lock file, run artifacts.
 
     An existing output directory is replaced only when it holds a previous render (or is
     empty); anything else needs --force."""
-    from imgfab.render.context import render_context, write_context
-
     from imgfab.payload.lock import committed_lock
+    from imgfab.render.context import render_context, write_context
+    from imgfab.render.source import source_of
 
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
     files = render_context(parsed, resolution.stack, matrix,
                            lock=committed_lock(recipe, parsed, resolution.stack,
-                                               Path(compat_dir) if compat_dir else None))
+                                               Path(compat_dir) if compat_dir else None),
+                           registry=registry_host or parsed.image.registry, source=source_of(recipe))
     target = Path(output) if output else Path("build") / parsed.name
     try:
         write_context(files, target, force=force)
@@ -400,7 +403,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
     if bake_file:
         from imgfab.render.bake import write_bake
 
-        written = write_bake(list(recipes), Path(bake_file), mirror=mirror)
+        written = write_bake(list(recipes), Path(bake_file), mirror=mirror, registry=registry)
         click.echo(f"wrote {written}")
         return
     from imgfab.docker.build import BuildOptions, BuildProgress, build_recipe

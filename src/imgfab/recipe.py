@@ -30,6 +30,8 @@ from imgfab.in_image.rules import POLICIES, STRICT, parse_version
 _HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _ABS_PATH = re.compile(r"/[A-Za-z0-9._/-]{0,255}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+# An SPDX license expression without parentheses: ids (or LicenseRef-…) joined by AND/OR/WITH.
+_SPDX = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,63}( (AND|OR|WITH) [A-Za-z0-9][A-Za-z0-9.+-]{0,63}){0,5}")
 # A DNS-1123 label that starts with a letter: it names the container, the Kubernetes objects
 # (Deployment, Service, PVC) and the build directory, and must stay a string in YAML.
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -103,6 +105,18 @@ class ModelSpec(_Strict):
     revision: str | None = Field(
         None, description="Pinned Hugging Face commit (40 hex digits); required for hub ids")
     mount_path: str = Field("/models/model", description="Where the weights are mounted at run time")
+    license: str | None = Field(
+        None, max_length=100,
+        description="The model's licence as an SPDX expression (e.g. Apache-2.0, or "
+                    "LicenseRef-llama3.1 for a custom one): the image's org.opencontainers.image.licenses")
+
+    @field_validator("license")
+    @classmethod
+    def _license(cls, value: str | None) -> str | None:
+        if value is not None and not _SPDX.fullmatch(value):
+            raise ValueError("must be an SPDX license expression of [A-Za-z0-9.+-] ids joined by "
+                             "AND/OR/WITH, e.g. Apache-2.0 or LicenseRef-llama3.1")
+        return value
 
     @field_validator("id")
     @classmethod

@@ -360,7 +360,20 @@ def test_pin_digests_pins_both_bases(vllm_image, work):
     pinned = imgfab_build(VLLM, root, ca, "--pin-digests")
     for ref in pinned["base_images"].values():
         assert ref.startswith(MIRROR + "/") and "@sha256:" in ref, ref
-    assert pinned["image_id"] == vllm_image["image_id"], "same bases by digest: same image"
+    # The bases by digest are part of the identity: another tag, the same layers, and the
+    # runtime base's digest on the image (org.opencontainers.image.base.digest).
+    assert pinned["tags"][0] != vllm_image["tags"][0]
+    assert pinned["tags"][0].rsplit("-", 1)[0] == vllm_image["tags"][0].rsplit("-", 1)[0]
+    inspect = json.loads(_docker("image", "inspect", pinned["tags"][0], vllm_image["tags"][0]).stdout)
+    layers = [inspect[i]["RootFS"]["Layers"] for i in (0, 1)]
+    assert len(layers[0]) == len(layers[1])
+    # only /opt/imgfab/image.json (the labels, base.digest among them) differs
+    assert sum(a != b for a, b in zip(*layers)) == 1
+    labels = inspect[0]["Config"]["Labels"]
+    runtime_name, runtime_digest = pinned["base_images"]["RUNTIME_IMAGE"].split("@")
+    assert labels["org.opencontainers.image.base.digest"] == runtime_digest
+    assert labels["org.opencontainers.image.base.name"] == runtime_name
+    assert "org.opencontainers.image.base.digest" not in inspect[1]["Config"]["Labels"]
 
 
 def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):

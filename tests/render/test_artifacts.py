@@ -16,6 +16,7 @@ The live runs (``docker-compose up``, ``docker buildx bake``) are in tests/integ
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -92,7 +93,7 @@ def _records(log: Path) -> list[list[str]]:
 @pytest.mark.parametrize(("name", "strategy"), CASES, ids=IDS)
 def test_run_sh_argv_argument_by_argument(name, strategy, matrix, tmp_path):
     from imgfab.render import trtllm
-    from imgfab.render.context import image_tag
+    from imgfab.render.context import context_image, stack_tag
 
     recipe, stack, files = _render(name, strategy, matrix, tmp_path / "ctx")
     stubs = _stubs(tmp_path / "bin", "docker")
@@ -118,7 +119,10 @@ def test_run_sh_argv_argument_by_argument(name, strategy, matrix, tmp_path):
         if strategy == "at-start" and recipe.engine.calibration is not None:
             expected += ["--mount", f"type=bind,source=/srv/prompts.txt,"
                                     f"target={trtllm.CALIBRATION_FILE},readonly"]
-    expected += [f"{recipe.image.repository}:{image_tag(recipe, stack)}", "--extra", "two words"]
+    # no registry: the bare local ref, tagged stack part + the build files' fingerprint
+    identity = context_image(files)["identity"]
+    assert re.fullmatch(r"[0-9a-f]{12}", identity)
+    expected += [f"{recipe.image.repository}:{stack_tag(stack)}-{identity}", "--extra", "two words"]
     assert call == expected
 
 

@@ -82,7 +82,7 @@ def test_bake_has_one_target_per_recipe_in_the_default_group(baked):
 
 def test_bake_targets_args_tags_secrets(baked, matrix):
     from imgfab.recipe import load_recipe
-    from imgfab.render.context import image_tag
+    from imgfab.render.context import stack_tag
     from imgfab.stack.resolve import resolve
     from imgfab.render.bake import target_name
 
@@ -97,8 +97,11 @@ def test_bake_targets_args_tags_secrets(baked, matrix):
         assert (cwd / target["context"] / "Dockerfile").is_file()
         assert target["args"] == {"BUILDER_IMAGE": f"{MIRROR}/{stack.builder_image}",
                                   "RUNTIME_IMAGE": f"{MIRROR}/{stack.runtime_image}"}
+        lock = json.loads((cwd / target["context"] / "imgfab.lock.json").read_text())["image"]
+        assert lock["ref"] == target["tags"][0]  # the run artifacts name what bake tags
         assert target["tags"] == [
-            f"registry.example:5000/{recipe.image.repository}:{image_tag(recipe, stack)}"]
+            f"registry.example:5000/{recipe.image.repository}:{stack_tag(stack)}-{lock['identity']}"]
+        assert target["tags"][0] in (cwd / target["context"] / "compose.yaml").read_text()
         assert sorted(target["secret"]) == ["type=env,id=ca-cert,env=IMGFAB_CA_CERT_PEM",
                                             "type=env,id=pip-conf,env=IMGFAB_PIP_CONF"]
         dockerfile = (cwd / target["context"] / "Dockerfile").read_text()

@@ -224,11 +224,13 @@ def _compile_two_phase(recipe_path: str, recipe: Any, stack: Any, context: Path,
 
 
 def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
-    """``BUILDER_IMAGE`` / ``RUNTIME_IMAGE`` build args: mirrored, optionally digest-pinned."""
+    """``BUILDER_IMAGE`` / ``RUNTIME_IMAGE`` build args: mirrored, digest-pinned with
+    ``--pin-digests`` and always for ``--push`` (the pushed tag's identity then covers the
+    bases' digests, not a name upstream may move)."""
     refs = {"BUILDER_IMAGE": stack.builder_image, "RUNTIME_IMAGE": stack.runtime_image}
     if options.mirror:
         refs = {k: f"{options.mirror.rstrip('/')}/{v}" for k, v in refs.items()}
-    if options.pin_digests:
+    if options.pin_digests or options.push:  # a pushed tag covers its bases by digest
         from imgfab.docker import registry  # noqa: PLC0415
 
         pinned: dict[str, str] = {}
@@ -247,7 +249,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.payload.lock import load_for_build, served_stack  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
-    from imgfab.render.context import image_tag, render_context, write_context  # noqa: PLC0415
+    from imgfab.render.context import context_image, render_context, write_context  # noqa: PLC0415
+    from imgfab.render.source import source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
     from imgfab.docker.verify import policy_for, verify_image  # noqa: PLC0415
 
@@ -260,10 +263,13 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     strategy = _compile_strategy(stack, options, on_line)
     lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
     stack = served_stack(stack, lock)  # as render_context labels it: verify checks the same labels
-    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock)
-    context = write_context(files, context_dir or Path("build") / recipe.name)
+    # The bases as this build uses them (mirrored, pinned) are part of the image's identity.
     build_args = base_image_args(stack, options)
-    tag_name = image_tag(recipe, stack)
+    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock,
+                           registry=options.registry, bases=dict(build_args),
+                           source=source_of(recipe_path))
+    context = write_context(files, context_dir or Path("build") / recipe.name)
+    tag_name = context_image(files)["tag"]
     local_ref = f"{recipe.image.repository}:{tag_name}"
     tags = [local_ref]
     remote_ref = f"{options.registry.rstrip('/')}/{local_ref}" if options.registry else None

@@ -58,7 +58,8 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.payload.lock import load_for_build  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
-    from imgfab.render.context import image_tag, render_context, write_context  # noqa: PLC0415
+    from imgfab.render.context import context_image, render_context, write_context  # noqa: PLC0415
+    from imgfab.render.source import source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
 
     matrix = load_matrix(compat_dir)
@@ -72,22 +73,23 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
         # or <lock_dir>/<name>.lock as given (locks resolved against a mirror or a test index).
         lock = load_for_build(path, recipe, stack, lock_dir / f"{recipe.name}.lock" if lock_dir else None,
                               compat_dir)
-        context = write_context(render_context(recipe, stack, matrix, engine_strategy=strategy,
-                                               lock=lock), out_dir / recipe.name)
+        args = {"BUILDER_IMAGE": mirrored(stack.builder_image, mirror),
+                "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)}
+        target_registry = registry or recipe.image.registry  # as imgfab build: --registry wins
+        files = render_context(recipe, stack, matrix, engine_strategy=strategy, lock=lock,
+                               registry=target_registry, bases=args, source=source_of(path))
+        context = write_context(files, out_dir / recipe.name)
         name = target_name(recipe.name)
         if name in targets:
             raise RecipeError(f"{path} and {sources[name]} both become bake target {name}",
                               field="name", fix="give the recipes distinct names")
         sources[name] = path
-        repository = f"{registry.rstrip('/')}/{recipe.image.repository}" if registry \
-            else recipe.image.repository
         targets[name] = {
             "context": Path(os.path.relpath(context, Path.cwd())).as_posix(),
             "dockerfile": "Dockerfile",
             "target": BUILD_STAGE,
-            "args": {"BUILDER_IMAGE": mirrored(stack.builder_image, mirror),
-                     "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)},
-            "tags": [f"{repository}:{image_tag(recipe, stack)}"],
+            "args": args,
+            "tags": [context_image(files)["ref"]],
             "secret": [f"type=env,id={sid},env={var}" for sid, var in SECRETS],
         }
     return {"group": {"default": {"targets": sorted(targets)}},

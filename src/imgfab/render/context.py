@@ -10,12 +10,14 @@ Decisions live here; the templates under ``templates/`` only lay them out.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
 import tempfile
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -141,8 +143,9 @@ def _k8s_quantity(size: str) -> str:
     return number + {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit]
 
 
-def image_tag(recipe: Recipe, stack: Stack) -> str:
-    """The tag an ops team picks by: backend+version, CUDA, GPU arch, precision.
+def stack_tag(stack: Stack) -> str:
+    """The readable part of a tag, what an ops team picks by: backend+version, CUDA, GPU arch,
+    precision. Not unique on its own: :func:`image_tag` adds the build's fingerprint.
 
     >>> # e.g. vllm0.11.0-cu12.8.1-sm90-fp8
     """
@@ -154,16 +157,66 @@ def image_tag(recipe: Recipe, stack: Stack) -> str:
     return tag
 
 
-def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: str) -> dict[str, str]:
-    """Labels written on the image; the probe reads the same set from /opt/imgfab/image.json."""
+# Files of a context that name the image (its tag or digest): rendered after the identity, and
+# left out of it. Everything else is what the image is built from.
+NAMING_FILES = ("run.sh", "compose.yaml", "k8s.yaml", "imgfab.lock.json")
+
+
+def image_identity(files: dict[str, str], bases: dict[str, str] | None = None) -> str:
+    """The fingerprint of a build: sha256 over every file the image is built from (all of a
+    context but :data:`NAMING_FILES`: the Dockerfile with its labels, the lock, the in-image
+    code, the entrypoint with the serving settings) and the base images it is built on
+    (``bases``: BUILDER_IMAGE / RUNTIME_IMAGE as the build uses them, mirrored or pinned),
+    first 12 hex digits. Two builds that differ in anything get different fingerprints."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        if name not in NAMING_FILES:
+            digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    for key, ref in sorted((bases or {}).items()):
+        digest.update(f"{key}={ref}\0".encode())
+    return digest.hexdigest()[:12]
+
+
+def image_tag(stack: Stack, identity: str) -> str:
+    """The tag: readable stack part and the build's fingerprint, e.g.
+    ``vllm0.19.1-cu12.8.2-sm90-fp8-3f9c2a1b7d40``. A tag never names two different builds."""
+    return f"{stack_tag(stack)}-{identity}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a build comes from (``org.opencontainers.image.source/revision/created``): the
+    repository URL (no credentials), the commit, and an ISO time from a fixed input
+    (``SOURCE_DATE_EPOCH``, else the commit's time). Empty fields are left out."""
+
+    url: str = ""
+    revision: str = ""
+    created: str = ""
+
+
+def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: str,
+                 source: Source | None = None, tag: str = "",
+                 bases: dict[str, str] | None = None) -> dict[str, str]:
+    """Labels written on the image; the probe reads the same set from /opt/imgfab/image.json.
+    ``bases``: the base refs the build uses (base.name is the runtime's, mirrored when a mirror
+    is used; base.digest is set when it is pinned by digest)."""
     p = LABEL_PREFIX
-    return {
+    source = source or Source()
+    runtime_base = (bases or {}).get("RUNTIME_IMAGE", stack.runtime_image)
+    base_name, _, base_digest = runtime_base.partition("@")
+    oci = {"org.opencontainers.image.source": source.url,
+           "org.opencontainers.image.base.digest": base_digest,
+           "org.opencontainers.image.revision": source.revision,
+           "org.opencontainers.image.created": source.created,
+           "org.opencontainers.image.licenses": recipe.model.license or "",
+           "org.opencontainers.image.ref.name": tag}
+    return {k: v for k, v in oci.items() if v} | {
         "org.opencontainers.image.title": recipe.name,
         "org.opencontainers.image.description":
             f"{recipe.model.id} served by {stack.backend} {stack.backend_version} for {stack.gpu}",
         "org.opencontainers.image.vendor": "imgfab",
-        "org.opencontainers.image.version": digest[:12],
-        "org.opencontainers.image.base.name": stack.runtime_image,
+        "org.opencontainers.image.version": stack_tag(stack),
+        "org.opencontainers.image.base.name": base_name,
         f"{p}.version": __version__,
         f"{p}.recipe.name": recipe.name,
         f"{p}.recipe.hash": digest,
@@ -252,8 +305,17 @@ def _payload(stack: Stack, lock: Lock | None) -> dict[str, Any]:
 
 def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
                    recipe_text: str = "", engine_strategy: str = "two-phase",
-                   lock: Lock | None = None) -> dict[str, str]:
+                   lock: Lock | None = None, registry: str | None = None,
+                   bases: dict[str, str] | None = None, source: Source | None = None,
+                   image_ref: str | None = None) -> dict[str, str]:
     """Render every file of the build context. Pure and deterministic.
+
+    The image's tag is :func:`image_tag` over the files the image is built from and ``bases``
+    (the base refs the build uses, when they are not the Dockerfile's defaults). The run
+    artifacts name ``registry/repository:tag`` (``registry``: ``--registry`` or
+    ``image.registry``; bare ``repository:tag``, a local image, without one), or ``image_ref``
+    when given (the deploy bundle: ``registry/repository@sha256:…``, the pushed digest).
+    ``source`` fills the OCI source/revision/created labels (part of the identity).
 
     ``engine_strategy`` (TensorRT engine path only): ``two-phase`` ships the weight-stripped
     engine compiled by :func:`imgfab.render.trtllm.two_phase` (``engine/`` in the context), ``at-start``
@@ -266,7 +328,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     stack = served_stack(stack, lock)
     digest = recipe_hash(recipe)
     profile = matrix.profiles[stack.backend]
-    labels = image_labels(recipe, stack, digest, profile.weights_required)
+    bases = bases or {"BUILDER_IMAGE": stack.builder_image, "RUNTIME_IMAGE": stack.runtime_image}
+    labels = image_labels(recipe, stack, digest, profile.weights_required, source, bases=bases)
     plan = None
     if stack.backend == "tensorrt-llm":
         trtllm.flag_table(stack)  # both paths: refuse a release whose flags cannot be checked
@@ -276,9 +339,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
                               field="--compile", fix="two-phase or --engine-at-start")
         plan = trtllm.engine_plan(recipe, stack, strategy=engine_strategy)
         labels.update(plan.labels)
-    tag = image_tag(recipe, stack)
     repository = recipe.image.repository
-    image_ref = f"{repository}:{tag}"
     commands = serve_commands(recipe, stack)
     runtime_packages = sorted(stack.runtime_packages)
     context: dict[str, Any] = {
@@ -287,8 +348,6 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "recipe_hash": digest,
         "stack": stack.to_dict(),
         "labels": labels,
-        "tag": tag,
-        "image_ref": image_ref,
         "builder_packages": sorted(profile.builder_packages),
         "runtime_packages": runtime_packages,
         "runtime_toolchain": sorted(stack.runtime_toolchain),
@@ -318,6 +377,32 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     }
     context["k8s"] = _k8s_context(recipe, stack, labels, matrix, plan)
     env = _environment()
+    # The identity is taken over the build files with an empty ref.name label; the image then
+    # carries its own tag there (the files differ from the fingerprinted ones only in it).
+    identity = image_identity(_build_files(env, context, plan), bases)
+    tag = image_tag(stack, identity)
+    labels = image_labels(recipe, stack, digest, profile.weights_required, source, tag=tag,
+                          bases=bases)
+    if plan is not None:
+        labels.update(plan.labels)
+    context["labels"] = labels
+    files = _build_files(env, context, plan)
+    context["tag"] = tag
+    context["identity"] = identity
+    context["image_ref"] = image_ref or (f"{registry.rstrip('/')}/{repository}:{tag}" if registry
+                                         else f"{repository}:{tag}")
+    files |= {
+        "run.sh": env.get_template("run.sh.j2").render(context),
+        "compose.yaml": env.get_template("compose.yaml.j2").render(context),
+        "k8s.yaml": env.get_template("k8s.yaml.j2").render(context),
+        "imgfab.lock.json": json.dumps(_lock(recipe, stack, digest, tag, context), indent=2,
+                                       sort_keys=True) + "\n",
+    }
+    return files
+
+
+def _build_files(env: jinja2.Environment, context: dict[str, Any], plan: Any) -> dict[str, str]:
+    """The files the image is built from (everything but :data:`NAMING_FILES`)."""
     files: dict[str, str] = {
         "Dockerfile": env.get_template("Dockerfile.j2").render(context),
         "requirements.lock": context["payload"]["lock_text"],
@@ -326,18 +411,19 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "netenv.sh": env.get_template("netenv.sh.j2").render(context),
         "entrypoint.sh": env.get_template("entrypoint.sh.j2").render(context),
         "imgfab-probe.sh": env.get_template("imgfab-probe.sh.j2").render(context),
-        "run.sh": env.get_template("run.sh.j2").render(context),
-        "compose.yaml": env.get_template("compose.yaml.j2").render(context),
-        "k8s.yaml": env.get_template("k8s.yaml.j2").render(context),
-        "image.json": json.dumps(labels, indent=2, sort_keys=True) + "\n",
-        "imgfab.lock.json": json.dumps(_lock(recipe, stack, digest, tag, context), indent=2,
-                                       sort_keys=True) + "\n",
+        "image.json": json.dumps(context["labels"], indent=2, sort_keys=True) + "\n",
     }
     if plan is not None:
         files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
         files["imgfab-quantize.py"] = env.get_template("imgfab-quantize.py.j2").render(context)
     files.update(in_image_files())
     return files
+
+
+def context_image(files: dict[str, str]) -> dict[str, str]:
+    """``{"repository", "tag", "identity", "ref"}`` of a rendered context (its imgfab.lock.json)."""
+    image = json.loads(files["imgfab.lock.json"])["image"]
+    return {k: image[k] for k in ("repository", "tag", "identity", "ref")}
 
 
 def in_image_files() -> dict[str, str]:
@@ -418,6 +504,7 @@ def _lock(recipe: Recipe, stack: Stack, digest: str, tag: str, context: dict[str
         "imgfab": __version__,
         "recipe": {"name": recipe.name, "hash": digest},
         "image": {"repository": recipe.image.repository, "tag": tag,
+                  "identity": context["identity"], "ref": context["image_ref"],
                   "builder_base": stack.builder_image, "runtime_base": stack.runtime_image},
         "stack": stack.to_dict(),
         "requirements": context["requirements"],
