@@ -4,7 +4,8 @@
    fat-binary reader the payload measurement runs): it imports the standard library and
    ``imgfab.in_image`` only.
 2. Each station imports only stations at or below its own: errors and in_image, then recipe,
-   matrix, stack, payload, render, docker, ops, and the command line on top.
+   matrix, stack, payload, render, docker, supply (SBOM, provenance, signatures, promotion),
+   ops, and the command line on top.
 
 Every import counts: module level, inside functions, and ``importlib.import_module("imgfab.x")``.
 """
@@ -22,7 +23,7 @@ from conftest import REPO
 PACKAGE = REPO / "src" / "imgfab"
 # Rank of each station, bottom first; a module may import its own station and those below.
 STATIONS = {"errors": 0, "in_image": 0, "recipe": 1, "matrix": 2, "stack": 3, "payload": 4,
-            "render": 5, "docker": 6, "ops": 7, "cli": 8, "report": 8, "__init__": 8}
+            "render": 5, "docker": 6, "supply": 7, "ops": 8, "cli": 9, "report": 9, "__init__": 9}
 
 
 def _modules() -> list[Path]:
