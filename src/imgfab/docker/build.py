@@ -67,6 +67,31 @@ class BuildOptions:
     engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
     lock: Path | None = None  # the payload lock (default: the recipe's committed, fresh lock)
     no_cache: bool = False  # build every step again (BuildKit cache mounts are kept)
+    retag: bool = False  # --push may move a tag that already names another image
+    sign_key: Path | None = None  # --push: sign the digest and attach SBOM + provenance
+    # After a push: (BuiltImage, BuildRecord) → report dict: imgfab.supply.publish.publish,
+    # passed in by the command line (supply sits above this station). It writes the deploy
+    # bundle, the SBOM and the provenance, and signs with sign_key.
+    publish_hook: Any = None
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    """What a pushed build was made from, for its supply chain (:mod:`imgfab.supply`)."""
+
+    recipe_path: str
+    recipe: Any
+    stack: Any  # as served (the lock's measured runtime)
+    matrix: Any
+    lock: Any  # imgfab.payload.lockfile.Lock, or None
+    lock_path: Path | None
+    bases: dict[str, str]  # BUILDER_IMAGE / RUNTIME_IMAGE as built (mirrored, by digest)
+    source: Any  # imgfab.render.context.Source
+    secrets: tuple[str, ...]  # names of the build secrets (never their contents)
+    options: BuildOptions
+    started: str  # ISO times of the build
+    finished: str
+    rerender: Callable[[str], dict[str, str]]  # the context again, naming this image ref
 
 
 @dataclass
@@ -87,6 +112,7 @@ class BuiltImage:
     smoke: dict[str, Any] | None = None
     pushed: str | None = None
     notes: list[str] = field(default_factory=list)
+    publish: dict[str, Any] | None = None  # the deploy bundle, SBOM, provenance, signature
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object, every URL password redacted."""
@@ -104,6 +130,12 @@ def _check_options(options: BuildOptions) -> None:
     if options.push and not options.registry:
         raise RecipeError("--push needs a registry", field="--registry",
                           fix="pass --registry HOST or set IMGFAB_REGISTRY")
+    if options.sign_key is not None and not options.push:
+        raise RecipeError("--sign-key signs a pushed digest", field="--sign-key",
+                          fix="add --push (or sign later: cosign sign --key KEY REG/REPO@sha256:…)")
+    if options.sign_key is not None and not Path(options.sign_key).is_file():
+        raise RecipeError(f"{options.sign_key} is not a file", field="--sign-key",
+                          fix="give a cosign private key (cosign generate-key-pair)")
     if options.smoke and options.weights is None:
         raise RecipeError("--smoke needs the weights to serve", field="--weights",
                           fix="pass --weights DIR (mounted read-only at the mount path)")
@@ -265,9 +297,16 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     stack = served_stack(stack, lock)  # as render_context labels it: verify checks the same labels
     # The bases as this build uses them (mirrored, pinned) are part of the image's identity.
     build_args = base_image_args(stack, options)
-    files = render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase", lock=lock,
-                           registry=options.registry, bases=dict(build_args),
-                           source=source_of(recipe_path))
+    bases = dict(build_args)
+    source = source_of(recipe_path)
+
+    def rerender(image_ref: str | None = None) -> dict[str, str]:
+        return render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase",
+                              lock=lock, registry=options.registry, bases=bases, source=source,
+                              image_ref=image_ref)
+
+    started = _now()
+    files = rerender()
     context = write_context(files, context_dir or Path("build") / recipe.name)
     tag_name = context_image(files)["tag"]
     local_ref = f"{recipe.image.repository}:{tag_name}"
@@ -288,6 +327,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
                               network=options.network, on_line=on_line, no_cache=options.no_cache)
         policy = policy_for(recipe, stack, matrix, secrets)
+        secret_names = list(secrets)
     policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
     try:
         report = verify_image(local_ref, policy)
@@ -330,8 +370,24 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         credentials = registry.Credentials.load(options.registry.split("/", 1)[0],
                                                 options.registry_user, options.registry_password)
         built.pushed = registry.push(local_ref, remote_ref, credentials=credentials,
-                                     on_line=on_line)
+                                     on_line=on_line, retag=options.retag)
+        if options.publish_hook is not None:
+            from imgfab.payload.lock import lock_path  # noqa: PLC0415
+
+            record = BuildRecord(
+                recipe_path=recipe_path, recipe=recipe, stack=stack, matrix=matrix, lock=lock,
+                lock_path=Path(options.lock) if options.lock else
+                (lock_path(recipe_path, recipe.name) if lock is not None else None),
+                bases=bases, source=source, secrets=tuple(sorted(secret_names)), options=options,
+                started=started, finished=_now(), rerender=rerender)
+            built.publish = options.publish_hook(built, record)
     return built
+
+
+def _now() -> str:
+    import time  # noqa: PLC0415
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _base_diff_ids(ref: str) -> tuple[str, ...]:

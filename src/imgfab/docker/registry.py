@@ -23,7 +23,7 @@ from imgfab.docker.registry_http import (_AUTH, _INDEX_TYPES, DOCKER_HUB, MANIFE
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["Credentials", "ImageRef", "printable", "resolve_digest", "list_tags", "image_config",
-           "image_labels", "retarget", "is_transient", "push"]
+           "image_labels", "retarget", "is_transient", "push", "tag_holder", "refuse_moving_tag"]
 
 # Backoff before attempt n+1 of a push: BACKOFF_S * 2**(n-1), capped at 30 s.
 BACKOFF_S = 1.0
@@ -217,10 +217,45 @@ def is_transient(message: str) -> bool:
     return not _AUTH.search(message) and bool(_TRANSIENT.search(message))
 
 
+def tag_holder(target_ref: str, credentials: Credentials | None = None) -> tuple[str, str] | None:
+    """``(manifest digest, config digest)`` of what ``target_ref``'s tag names now; ``None``
+    when the registry has no such tag. An index's config digest is ``""``."""
+    parsed = ImageRef.parse(target_ref)
+    client = _client_for(parsed, credentials)
+    response = client.request("HEAD", f"/v2/{parsed.repository}/manifests/{parsed.reference}",
+                              scope=_pull_scope(parsed), headers={"Accept": MANIFEST_ACCEPT},
+                              allow=(404,))
+    if response.status_code == 404:
+        return None
+    manifest_digest = _manifest_digest(client, parsed)
+    manifest = _get_manifest(client, parsed, manifest_digest)
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    return manifest_digest, str(config.get("digest") or "")
+
+
+def refuse_moving_tag(local_id: str, target_ref: str, credentials: Credentials | None = None) -> None:
+    """Raise :class:`RecipeError` (exit 2) when ``target_ref``'s tag already names another
+    image than ``local_id`` (the engine's image id: the config digest, or the manifest digest
+    on the containerd image store). A tag the registry does not have, or one that names this
+    very image (a re-push), passes. Both digests are named in the message."""
+    held = tag_holder(target_ref, credentials)
+    if held is None or local_id in held:
+        return
+    from imgfab.errors import RecipeError  # noqa: PLC0415
+
+    raise RecipeError(f"{target_ref} already names {held[0]} (config {held[1] or 'an index'}); "
+                      f"this build is {local_id}: refusing to move the tag to another image",
+                      field="--push", fix="pass --retag to move it anyway, or change the recipe "
+                                          "so that the build gets its own tag")
+
+
 def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts: int = 5,
-         on_line: Callable[[str], None] | None = None) -> str:
+         on_line: Callable[[str], None] | None = None, retag: bool = False) -> str:
     """Tag ``local_ref`` as ``target_ref``, push it through the daemon, return
     ``host/repo@sha256:…``.
+
+    A tag that already names another image is not moved (:func:`refuse_moving_tag`) unless
+    ``retag``; ``on_line`` then says which digest the tag left.
 
     Each attempt first checks the credentials against the registry (``GET /v2/`` with a push
     scope), so a wrong password fails before any blob moves, and is not retried. Transient
@@ -237,6 +272,14 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
                             f"{target.host}", field="registry",
                             fix=f"load credentials for {target.host}")
     tag = target.tag or "latest"
+    from imgfab.docker.engine import inspect_image  # noqa: PLC0415
+
+    local_id = str(inspect_image(local_ref).get("Id") or "")
+    if not retag:
+        refuse_moving_tag(local_id, f"{target.name}:{tag}", credentials)
+    elif on_line is not None and (held := tag_holder(f"{target.name}:{tag}", credentials)) \
+            and local_id not in held:
+        on_line(f"--retag: {target.name}:{tag} moves from {held[0]} to this build ({local_id})")
     last: RegistryError | None = None
     for attempt in range(1, max(1, attempts) + 1):
         if attempt > 1:

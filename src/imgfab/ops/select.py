@@ -9,13 +9,14 @@ the registry API gives no reliable push time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from imgfab.in_image.rules import Verdict, parse_version
 from imgfab.stack.verdicts import P, driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
 
-__all__ = ["HostGpu", "Published", "Candidate", "choose", "evaluate", "what_host_needs",
+__all__ = ["HostGpu", "Published", "Candidate", "choose", "choose_verified", "evaluate", "what_host_needs",
            "driver_verdict", "gpu_verdicts", "is_imgfab_image", "label_problem"]
 
 
@@ -113,6 +114,27 @@ def choose(images: list[Published], host: HostGpu, *, model: str | None = None,
     return best, candidates
 
 
+def choose_verified(images: list[Published], host: HostGpu,
+                    verify: Callable[[Published], list[str]], *, model: str | None = None,
+                    backend: str | None = None) -> tuple[Candidate | None, list[Candidate]]:
+    """:func:`choose`, then the trust check: the fitting candidates, newest first, are
+    verified with ``verify`` (problems, empty when its signature and attestations verify)
+    until one passes; each one that fails is a rejected candidate with the problems as its
+    reason. Candidates that do not fit are not verified (they are rejected already)."""
+    _, candidates = choose(images, host, model=model, backend=backend)
+    for candidate in candidates:
+        if not candidate.fits:
+            continue
+        problems = verify(candidate.image)
+        if problems:
+            candidate.verdicts.append(Verdict(False, "signature", "; ".join(problems),
+                                              fix="push a signed, attested image under this tag"))
+            continue
+        candidate.verdicts.append(Verdict(True, "signature", "signature and attestations verify"))
+        return candidate, candidates
+    return None, candidates
+
+
 def what_host_needs(candidates: list[Candidate], host: HostGpu) -> str:
     """The smallest host change that would make some image fit (e.g. 'driver ≥ 570.124.06')."""
     floors = []
@@ -123,6 +145,8 @@ def what_host_needs(candidates: list[Candidate], host: HostGpu) -> str:
     if floors:
         lowest = min(floors, key=_version_key)
         return f"driver ≥ {lowest}"
+    if any({v.check for v in c.verdicts if not v.ok} == {"signature"} for c in candidates):
+        return "an image that fits and whose signature and attestations verify with the trusted key"
     if candidates:
         return f"an image built for {host.gpu} (compute capability {host.compute_capability})"
     return "an image published for this model/backend"

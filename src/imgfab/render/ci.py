@@ -4,7 +4,13 @@
 
 - ``build``: pull requests (and changes to recipes, compat data, templates or imgfab) build
   and verify every recipe, read-only (``contents: read``), pushing nothing;
-- ``release``: ``v*`` tags build and push (``imgfab build --push --json``); only this job gets
+- ``candidate``: ``v*`` tags build, verify and push each image to the staging repository
+  (``$IMGFAB_REGISTRY/staging/…``); its report (with the pushed digest) and its deploy bundle
+  (SBOM, provenance) are uploaded as artifacts;
+- ``release`` (needs ``candidate``): promotes the digest that passed, by digest (``imgfab
+  promote``, ``oras cp``: never a rebuild), then signs the promoted reference keylessly and
+  attests its SBOM and provenance with cosign (Fulcio certificate from the job's OIDC token,
+  Rekor entry). Only this job gets ``id-token: write``; only the pushing jobs get
   ``packages: write``;
 - TensorRT engine recipes compile on a GPU: with ``gpu_runner`` they run on the self-hosted
   runner with that label (two-phase compile), without one they build with
@@ -16,8 +22,10 @@
   more than a standard runner's free disk, so the jobs first delete the runner's preinstalled
   toolchains they never use.
 
-Every job uploads its JSON report as an artifact. The workflow is checked by actionlint in
-the tests.
+Every action is pinned by the commit of a release tag (:data:`ACTIONS`: the tag in a comment),
+never by a movable tag. cosign is pinned to 2.5.0, the release the local stack verifies with
+(cosign-installer's own default is a 3.x release, whose new bundle format 2.5 does not read
+by default). The workflow is checked by actionlint in the tests.
 """
 
 from __future__ import annotations
@@ -31,6 +39,27 @@ from imgfab.errors import RecipeError
 
 TAG_PUSH = "github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
 REPORT = "imgfab-report.json"
+# Actions by the commit of a release tag (read at the tags from each repository's git history).
+ACTIONS = {
+    "checkout": ("actions/checkout", "3d3c42e5aac5ba805825da76410c181273ba90b1", "v7.0.1"),
+    "setup-python": ("actions/setup-python", "5fda3b95a4ea91299a34e894583c3862153e4b97", "v7.0.0"),
+    "upload-artifact": ("actions/upload-artifact", "bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
+    "download-artifact": ("actions/download-artifact", "3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
+    "cosign-installer": ("sigstore/cosign-installer", "6f9f17788090df1f26f669e9d70d6ae9567deba6", "v4.1.2"),
+    "setup-oras": ("oras-project/setup-oras", "38de303aac69abb66f3e6255b7198bff35f323e3", "v2.0.0"),
+}
+COSIGN_RELEASE = "v2.5.0"
+ORAS_VERSION = "1.2.0"
+# The staging repository the candidate job pushes to, under the registry.
+STAGING = "staging"
+# The comment each pinned `uses:` carries (yaml.safe_dump drops comments: added after dumping).
+_PIN_COMMENT = {f"{repo}@{sha}": tag for repo, sha, tag in ACTIONS.values()}
+
+
+def uses(action: str) -> str:
+    """``owner/repo@<commit>`` of one of :data:`ACTIONS`."""
+    repo, sha, _ = ACTIONS[action]
+    return f"{repo}@{sha}"
 # What the standard ubuntu-latest image preinstalls and an image build never uses (about
 # 30 GB: .NET, Android SDK, GHC, CodeQL bundles, the cached Docker images).
 FREE_DISK = ("sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc "
@@ -77,29 +106,39 @@ def _registry_steps(registry: str) -> tuple[list[dict[str, Any]], dict[str, str]
     return [set_registry, login], env
 
 
-def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_start: bool,
-         registry: str, python: str) -> dict[str, Any]:
-    build = 'imgfab build "$RECIPE"' + (" --engine-at-start" if engine_at_start else "")
+def _setup(runs_on: Any, python: str) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = [
-        {"uses": "actions/checkout@v4"},
-        {"uses": "actions/setup-python@v5", "with": {"python-version": python}},
+        {"uses": uses("checkout"), "with": {"persist-credentials": False}},
+        {"uses": uses("setup-python"), "with": {"python-version": python}},
         {"name": "Install imgfab", "run": "python -m pip install ."},
     ]
     if runs_on == "ubuntu-latest":
         steps.append({"name": "Free the runner's disk for a multi-GB image", "run": FREE_DISK})
+    return steps
+
+
+def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_start: bool,
+         registry: str, python: str) -> dict[str, Any]:
+    """The build job (``push=False``: pull requests) or the candidate job (tags: push to the
+    staging repository, upload the report and the deploy bundle)."""
+    build = 'imgfab build "$RECIPE"' + (" --engine-at-start" if engine_at_start else "")
+    steps = _setup(runs_on, python)
     env = {"RECIPE": "${{ matrix.recipe }}"}
     if push:
         registry_steps, secret_env = _registry_steps(registry)
         steps += registry_steps
         env |= secret_env
-        run = build + ' --push --registry-user "$IMGFAB_REGISTRY_USER" --json > ' + REPORT
-        steps.append({"name": "Build, verify and push", "env": env, "run": run})
+        run = (build + ' --push --registry "$IMGFAB_REGISTRY/' + STAGING + '" --output "build/$NAME"'
+               ' --registry-user "$IMGFAB_REGISTRY_USER" --json > ' + REPORT)
+        env["NAME"] = "${{ matrix.name }}"
+        steps.append({"name": "Build, verify and push the candidate", "env": env, "run": run})
     else:
         steps.append({"name": "Build and verify (no push)", "env": env,
                       "run": build + " --json > " + REPORT})
     steps.append({"name": "Upload the build report", "if": "always()",
-                  "uses": "actions/upload-artifact@v4",
-                  "with": {"name": "imgfab-report-${{ matrix.name }}", "path": REPORT,
+                  "uses": uses("upload-artifact"),
+                  "with": {"name": "imgfab-report-${{ matrix.name }}",
+                           "path": REPORT + ("\nbuild/${{ matrix.name }}/deploy/" if push else ""),
                            "if-no-files-found": "warn"}})
     return {
         "name": "${{ matrix.name }}",
@@ -108,6 +147,56 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
         "timeout-minutes": 180 if runs_on != "ubuntu-latest" else 120,
         "permissions": {"contents": "read", "packages": "write"} if push else {"contents": "read"},
         # Copies: a list shared between jobs would be dumped as a YAML alias, which Actions refuses.
+        "strategy": {"fail-fast": False, "matrix": {"include": [dict(row) for row in matrix]}},
+        "steps": steps,
+    }
+
+
+# The release step: the candidate's digest, promoted by digest, then signed and attested in
+# its new repository (keyless: the job's OIDC identity).
+PROMOTE = """\
+staged=$(jq -r .pushed imgfab-report.json)
+local_ref=$(jq -r '.tags[0]' imgfab-report.json)
+target="$IMGFAB_REGISTRY/${local_ref}"
+imgfab promote "$staged" --to "$target" --json > promoted.json
+promoted=$(jq -r .promoted promoted.json)
+jq .predicate "build/$NAME/deploy/provenance.intoto.json" > provenance.predicate.json
+cosign sign --yes "$promoted"
+cosign attest --yes --type cyclonedx --predicate "build/$NAME/deploy/sbom.cdx.json" "$promoted"
+cosign attest --yes --type slsaprovenance1 --predicate provenance.predicate.json "$promoted"
+cosign verify "$promoted" --certificate-identity "$IDENTITY" \\
+  --certificate-oidc-issuer https://token.actions.githubusercontent.com > /dev/null
+echo "promoted $staged to $target: $promoted" >> "$GITHUB_STEP_SUMMARY"
+"""
+
+
+def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
+                 python: str) -> dict[str, Any]:
+    """Promote each candidate's digest and sign it keylessly: no build, no GPU needed."""
+    registry_steps, secret_env = _registry_steps(registry)
+    steps = _setup("release", python)
+    steps += [
+        {"uses": uses("setup-oras"), "with": {"version": ORAS_VERSION}},
+        {"uses": uses("cosign-installer"), "with": {"cosign-release": COSIGN_RELEASE}},
+        {"uses": uses("download-artifact"), "with": {"name": "imgfab-report-${{ matrix.name }}"}},
+        *registry_steps,
+        {"name": "Promote the candidate's digest, sign and attest it",
+         "env": {"NAME": "${{ matrix.name }}",
+                 # the identity Fulcio puts in a workflow run's certificate: the workflow
+                 # file at the ref it ran from (.github/workflows/images.yml, as rendered)
+                 "IDENTITY": "${{ github.server_url }}/${{ github.repository }}/"
+                             ".github/workflows/images.yml@${{ github.ref }}",
+                 **secret_env},
+         "run": PROMOTE},
+    ]
+    return {
+        "name": "release ${{ matrix.name }}",
+        "needs": needs,
+        "if": TAG_PUSH,
+        "runs-on": "ubuntu-latest",
+        "timeout-minutes": 60,
+        # id-token: write only here: the keyless signature's identity is this job's
+        "permissions": {"contents": "read", "packages": "write", "id-token": "write"},
         "strategy": {"fail-fast": False, "matrix": {"include": [dict(row) for row in matrix]}},
         "steps": steps,
     }
@@ -123,7 +212,7 @@ def github_workflow_dict(recipes: list[str] | None = None, *, registry: str = "g
     plain = [r for r in rows if r["engine"] == "false"]
     engines = [r for r in rows if r["engine"] == "true"]
     jobs: dict[str, Any] = {}
-    for push, prefix in ((False, "build"), (True, "release")):
+    for push, prefix in ((False, "build"), (True, "candidate")):
         if plain:
             jobs[prefix] = _job(plain, push=push, runs_on="ubuntu-latest", engine_at_start=False,
                                 registry=registry, python=python)
@@ -131,6 +220,11 @@ def github_workflow_dict(recipes: list[str] | None = None, *, registry: str = "g
             jobs[f"{prefix}-engines"] = _job(
                 engines, push=push, runs_on=["self-hosted", gpu_runner] if gpu_runner else "ubuntu-latest",
                 engine_at_start=gpu_runner is None, registry=registry, python=python)
+    if plain:
+        jobs["release"] = _release_job(plain, "candidate", registry=registry, python=python)
+    if engines:
+        jobs["release-engines"] = _release_job(engines, "candidate-engines", registry=registry,
+                                               python=python)
     return {
         "name": "imgfab images",
         "on": {"push": {"tags": ["v*"]}, "pull_request": {"paths": WATCHED}},
@@ -147,4 +241,7 @@ def github_workflow(recipes: list[str] | None = None, *, registry: str = "ghcr.i
     text = yaml.safe_dump(github_workflow_dict(recipes, registry=registry, python=python,
                                                gpu_runner=gpu_runner),
                           sort_keys=False, width=100, default_flow_style=False)
-    return "# Generated by `imgfab ci github`; regenerate instead of editing.\n" + text
+    lines = [f"{line}  # {_PIN_COMMENT[line.split('uses: ', 1)[1]]}"
+             if "uses: " in line and line.split("uses: ", 1)[1] in _PIN_COMMENT else line
+             for line in text.splitlines()]
+    return "# Generated by `imgfab ci github`; regenerate instead of editing.\n" + "\n".join(lines) + "\n"

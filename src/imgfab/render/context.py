@@ -459,8 +459,8 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
 
     terms = node_affinity_terms(labels, matrix)
     if not terms:
-        raise RecipeError(f"no GPU in compat/gpus.yaml passes this image's own rules, so a "
-                          f"Kubernetes pod of it could be placed nowhere", field="target.gpu")
+        raise RecipeError("no GPU in compat/gpus.yaml passes this image's own rules, so a "
+                          "Kubernetes pod of it could be placed nowhere", field="target.gpu")
     gpus = stack.tensor_parallel * stack.pipeline_parallel
     memory_gi = K8S_MEMORY_PER_GPU_GI * gpus + -(-size_bytes(recipe.image.shm_size) // 1024**3)
     selector = {"app.kubernetes.io/name": recipe.name}
@@ -562,6 +562,11 @@ def _replaceable(output: Path, force: bool) -> bool:
                       fix="pick another directory, or pass --force to replace it whole")
 
 
+# Directories of a context that a new render keeps: ``deploy/``, the bundle of the last push
+# (imgfab.supply.bundle), pinned by the digest the registry returned.
+KEPT_DIRS = ("deploy",)
+
+
 def write_context(files: dict[str, str], output: Path, *, force: bool = False) -> Path:
     """Write ``files`` into ``output`` atomically; returns ``output``.
 
@@ -569,13 +574,19 @@ def write_context(files: dict[str, str], output: Path, *, force: bool = False) -
     one atomic exchange (readers see the old render or the new one, never neither), and nothing
     is left behind. ``output`` may be replaced only when it is absent, empty, or carries
     :data:`RENDER_MARKER` from a previous render; anything else raises RecipeError unless
-    ``force``. Directories are 0755 and files 0644 (``*.sh`` 0755), whatever the umask.
+    ``force``. A :data:`KEPT_DIRS` directory of a previous render is carried over.
+    Directories are 0755 and files 0644 (``*.sh`` 0755), whatever the umask.
     """
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     _replaceable(output, force)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
+        for kept in KEPT_DIRS:  # the last push's deploy bundle outlives a new render
+            if (output / RENDER_MARKER).is_file() and (output / kept).is_dir() \
+                    and not (output / kept).is_symlink() \
+                    and not any(name.startswith(f"{kept}/") for name in files):
+                shutil.copytree(output / kept, staging / kept, symlinks=True)
         for relative, text in sorted({**files, RENDER_MARKER: _MARKER_TEXT}.items()):
             path = staging / relative
             for directory in reversed(path.relative_to(staging).parents[:-1]):
