@@ -269,6 +269,19 @@ PLANTS = [
     Plant("lock: the arch label not narrowed by the cubin cut", "payload/lock.py",
           "    return replace(stack, archs=lock.serving_archs(stack.archs))", "    return stack",
           ("tests/payload/test_lock.py",)),
+    # --- issue 18: the ClusterImagePolicy (supply/policy.py) ---------------------------------
+    Plant("policy: the image globs take neighbouring repositories in (REPO**)", "supply/policy.py",
+          '    return f"{name}@*", f"{name}:*"', '    return f"{name}**", f"{name}:*"',
+          ("tests/supply/test_policy.py",)),
+    Plant("policy: docker.io left as written (the webhook names index.docker.io)", "supply/policy.py",
+          '    registry = DOCKER_HUB if registry in ("", "docker.io") else registry',
+          "    registry = registry or DOCKER_HUB", ("tests/supply/test_policy.py",)),
+    Plant("policy: the CIP policy does not require the image signature",
+          "_data/templates/clusterimagepolicy.yaml.j2",
+          "        count(input.authorityMatches.{{ signature_authority }}.signatures) > 0\n", "",
+          ("tests/supply/test_policy.py",)),
+    Plant("policy: a private key taken for the public key", "supply/policy.py",
+          '    if "PRIVATE KEY" in public_key:', "    if False:", ("tests/supply/test_policy.py",)),
 ]
 
 
