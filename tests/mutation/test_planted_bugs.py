@@ -282,12 +282,45 @@ PLANTS = [
           ("tests/supply/test_policy.py",)),
     Plant("policy: a private key taken for the public key", "supply/policy.py",
           '    if "PRIVATE KEY" in public_key:', "    if False:", ("tests/supply/test_policy.py",)),
+    # --- issue 18: the SBOM and the provenance of a pushed image --------------------------------
+    Plant("sbom: locked packages listed without their hashes", "supply/sbom.py",
+          "hashes=[HashType(alg=HashAlgorithm.SHA_256, content=h.split(\":\", 1)[1]) for h in sorted(hashes)]",
+          "hashes=[]", ("tests/supply/test_sbom.py",)),
+    Plant("sbom: only the first hash of a pin kept", "supply/sbom.py",
+          "for h in sorted(hashes)]", "for h in sorted(hashes)[:1]]", ("tests/supply/test_sbom.py",)),
+    Plant("sbom: returned without the schema check", "supply/sbom.py",
+          "    validate_sbom(text)\n    return text", "    return text", ("tests/supply/test_sbom.py",)),
+    Plant("sbom: a schema violation passes", "supply/sbom.py",
+          "    if error is not None:", "    if False:", ("tests/supply/test_sbom.py",)),
+    Plant("dpkg: an unfinished install counted as installed", "supply/dpkg.py",
+          "        if state != _PRESENT or error != \"ok\":", "        if False:", ("tests/supply/test_sbom.py",)),
+    Plant("dpkg: the distro qualifier from the codename", "supply/dpkg.py",
+          "        return f\"{self.id}-{self.version_id or self.codename}\"",
+          "        return self.codename or self.version_id", ("tests/supply/test_sbom.py",)),
+    Plant("provenance: the pip index URL keeps its password", "supply/provenance.py",
+          "    host = parts.netloc.rpartition(\"@\")[2]", "    host = parts.netloc",
+          ("tests/supply/test_provenance.py",)),
+    Plant("provenance: the leak guard off", "supply/provenance.py",
+          "        if len(candidate) >= _MIN_PASSWORD and candidate in text:", "        if False:",
+          ("tests/supply/test_provenance.py",)),
+    Plant("provenance: a base without digest recorded", "supply/provenance.py",
+          "    if not match:\n        raise failed(f\"the {what}", "    if not match:\n        return \"\"\n        raise failed(f\"the {what}",
+          ("tests/supply/test_provenance.py",)),
+    Plant("statement: the subject check accepts any digest", "supply/statement.py",
+          "               and s[\"digest\"].get(\"sha256\") == hex_part for s in subjects)", "               for s in subjects)",
+          ("tests/supply/test_provenance.py",)),
+    Plant("statement: a digest's length not checked", "supply/statement.py",
+          "_DIGESTS = {\"sha256\": re.compile(r\"[0-9a-f]{64}\")", "_DIGESTS = {\"sha256\": re.compile(r\"[0-9a-fA-F]+\")",
+          ("tests/supply/test_provenance.py",)),
+    Plant("statement: a misspelt field passes", "supply/statement.py",
+          "    if unknown:\n        raise failed(", "    if False:\n        raise failed(",
+          ("tests/supply/test_provenance.py",)),
 ]
 
 
 def _copy_tree(target: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc", "mutation")
-    for name in ("src", "tests", "recipes", "compat", "templates", "scripts", "bench", ".ci",
+    for name in ("src", "tests", "recipes", "compat", "templates", "scripts", "bench", ".ci", "docs",
                  "README.md", "pyproject.toml"):
         source = REPO / name
         if source.is_dir():
