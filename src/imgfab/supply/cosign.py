@@ -31,6 +31,7 @@ from typing import Any
 
 from imgfab.errors import EngineError, RecipeError, redact
 from imgfab.supply.registry_auth import private_docker_config
+from imgfab.supply.statement import subject_names
 
 # cosign's --type names and the predicate types they stand for (cosign's
 # pkg/cosign/attestation: CosignCustomProvenanceV01 ... ; `cosign attest --help`).
@@ -197,7 +198,8 @@ def _statements(output: str) -> list[dict[str, Any]]:
 
 
 def subject_digests(statement: dict[str, Any]) -> set[str]:
-    """``sha256:<hex>`` of every subject of an in-toto statement."""
+    """``sha256:<hex>`` of every subject of an in-toto statement (to name them in a refusal;
+    whether one is the image's is :func:`imgfab.supply.statement.subject_names`)."""
     subjects = statement.get("subject") if isinstance(statement.get("subject"), list) else []
     return {f"sha256:{s['digest']['sha256']}" for s in subjects
             if isinstance(s, dict) and isinstance(s.get("digest"), dict)
@@ -235,7 +237,7 @@ def verify(digest_ref: str, trust: Trust, credentials: Any = None, *,
             continue
         statements = [s for s in _statements(done.stdout)
                       if s.get("predicateType") == PREDICATE_TYPES[kind]]
-        ours = [s for s in statements if digest in subject_digests(s)]
+        ours = [s for s in statements if subject_names(s, digest)]
         if not ours:
             others = sorted({d for s in statements for d in subject_digests(s)})
             problems.append(f"attestation {kind}: its subject is {', '.join(others) or 'nothing'}, "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -29,11 +30,10 @@ from imgfab.errors import EngineError, ValidationFailed
 from imgfab.matrix.compat import default_compat_dir
 from imgfab.supply import bundle, cosign
 from imgfab.supply.policy import KeyAuthority, cluster_image_policy
-from imgfab.supply.provenance import BuildParameters, CompatRow, SourceFile, build_provenance
+from imgfab.supply.provenance import (WORKSTATION_BUILDER, BuildParameters, CompatRow, SourceFile,
+                                     build_provenance)
 from imgfab.supply.sbom import build_sbom
 
-# Where a build came from when no CI says otherwise (SLSA runDetails.builder.id).
-LOCAL_BUILDER = "https://github.com/imgfab/imgfab/blob/main/README.md#local-builder"
 SBOM_FILE = "sbom.cdx.json"
 PROVENANCE_FILE = "provenance.intoto.json"
 POLICY_FILE = "clusterimagepolicy.yaml"
@@ -93,6 +93,18 @@ def deciding_rows(stack: Any, matrix: Any, compat_dir: Path | None = None) -> li
     return sorted(rows, key=lambda r: (r.file, r.key))
 
 
+def builder_run(image: ImageRef) -> tuple[str, str]:
+    """``(builder id, invocation id)`` of this build: a GitHub-hosted runner and its run URL
+    under GitHub Actions (``GITHUB_ACTIONS=true``, as actions/attest-build-provenance names
+    them), else a workstation build (SLSA Build L1 at most) named by the pushed digest."""
+    env = os.environ
+    if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_RUN_ID"):
+        run = (f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env.get('GITHUB_REPOSITORY', '')}"
+               f"/actions/runs/{env['GITHUB_RUN_ID']}/attempts/{env.get('GITHUB_RUN_ATTEMPT', '1')}")
+        return "https://github.com/actions/runner/github-hosted", run
+    return WORKSTATION_BUILDER, f"{image.name}@{image.digest}"
+
+
 def _public_key(key: Path, credentials: Any) -> str:
     done = cosign._run(["public-key", "--key", str(key)], credentials,  # noqa: SLF001
                        password=cosign.key_password())
@@ -143,11 +155,12 @@ def publish(built: Any, record: Any) -> dict[str, Any]:
         pip_index_url=options.pip_index_url,
         compat_dir=str(options.compat_dir) if options.compat_dir else None,
         lock=str(options.lock) if options.lock else None, secrets=record.secrets)
+    builder, invocation = builder_run(image)
     provenance = build_provenance(
         image=image, recipe=recipe_file, lock=lock_file, parameters=parameters, bases=bases,
         compat_rows=deciding_rows(record.stack, record.matrix, options.compat_dir),
         source=record.source if record.source.url and record.source.revision else None,
-        builder_id=LOCAL_BUILDER, invocation_id=f"{image.name}@{image.digest}",
+        builder_id=builder, invocation_id=invocation,
         started_on=record.started, finished_on=record.finished)
     extra = {SBOM_FILE: sbom, PROVENANCE_FILE: provenance}
     notes: list[str] = []
