@@ -132,7 +132,8 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
 
 
 @cli.command()
-@click.option("--gpu", required=True, help="GPU name or alias, e.g. H100, L40S, A100-80GB.")
+@click.option("--gpu", required=True, help="GPU name or alias, e.g. H100, L40S, A100-80GB, or the name "
+                                           "nvidia-smi prints (NVIDIA H100 80GB HBM3).")
 @click.option("--driver", required=True, help="Host driver version, e.g. 550.54.15.")
 @click.option("--policy", type=click.Choice(["strict", "minor-compat"]), default="strict",
               show_default=True, help="Driver policy to evaluate under.")
@@ -183,29 +184,21 @@ def bases(recipes: tuple[str, ...], compat_dir: str | None) -> None:
 
 
 def _host_gpu(driver: str | None, gpu: str | None):
-    """--driver/--gpu, or this host's NVML when either is omitted."""
+    """--driver/--gpu, or this host's (NVML, else nvidia-smi) when either is omitted."""
+    from imgfab.in_image.facts import load_nvml
     from imgfab.matrix.compat import load_matrix
-    from imgfab.in_image.facts import load_nvml, read_host
-    from imgfab.ops.select import HostGpu
+    from imgfab.ops.host import read_this_host
+    from imgfab.ops.select import host_gpu
 
-    if driver is None or gpu is None:
-        facts = read_host(load_nvml())
-        if facts.error or not facts.gpus:
-            raise RecipeError(f"cannot read this host's GPU ({facts.error or 'no GPU visible'})",
-                              field="--driver/--gpu", fix="pass --driver and --gpu explicitly")
-        driver = driver or facts.driver
-        gpu = gpu or facts.gpus[0].name
-    found = load_matrix().gpu(gpu)
-    if found is None:
-        raise RecipeError(f"unknown GPU {gpu!r}", field="--gpu", fix="a name from compat/gpus.yaml, e.g. L40S")
-    return HostGpu(driver=_driver_option(driver) or driver, gpu=found.name,
-                   compute_capability=found.compute_capability)
+    return host_gpu(load_matrix(), lambda: read_this_host(load_nvml()),
+                    driver=_driver_option(driver), gpu=gpu)
 
 
 @cli.command("select")
 @click.option("--registry", "repository", required=True, help="REGISTRY/REPOSITORY to choose from.")
-@click.option("--driver", help="Host driver (default: this host's, via NVML).")
-@click.option("--gpu", help="Host GPU name (default: this host's first GPU).")
+@click.option("--driver", help="Host driver (default: this host's, via NVML or nvidia-smi).")
+@click.option("--gpu", help="Host GPU: a compat/gpus.yaml name or alias, or the name nvidia-smi prints "
+                            "(default: this host's first GPU, matched by its name and memory).")
 @click.option("--model", help="Only images of this recipe name prefix or model id.")
 @click.option("--backend", type=click.Choice(["vllm", "tensorrt-llm"]))
 @click.option("--explain", is_flag=True, help="Every published tag and why it was or was not chosen.")
@@ -263,6 +256,9 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                                                "fits": c.fits, "reason": c.reason()} for c in candidates]},
                               indent=2))
     elif explain:
+        if host.seen:
+            click.echo(f"host: {host.gpu} (cc {host.compute_capability}), driver {host.driver}; "
+                       f"read from {host.seen}")
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
             click.echo(f"{mark} {candidate.image.tag}: {candidate.reason()}")
@@ -382,7 +378,10 @@ def doctor(image: str | None, as_json: bool) -> None:
 
         credentials = registry.Credentials.load(image.split("/", 1)[0])
         labels = registry.image_labels(image, credentials)
-    findings = checks.diagnose(checks.live_view(engine.docker_info), image_labels=labels)
+    from imgfab.matrix.compat import load_matrix
+
+    findings = checks.diagnose(checks.live_view(engine.docker_info), image_labels=labels,
+                               matrix=load_matrix())
     if as_json:
         click.echo(checks.to_json(findings))
     else:

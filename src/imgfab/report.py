@@ -48,9 +48,9 @@ def print_resolution(resolution: Resolution) -> None:
 
 def print_host_fit(matrix: Matrix, gpu: str, driver: str, policy: str,
                    rows: list[tuple[BackendRelease, dict[str, Any] | None, list[Rejection]]]) -> None:
-    found = matrix.gpu(gpu)
-    click.echo(f"host: {found.name if found else gpu} (compute capability "
-               f"{found.compute_capability if found else '?'}), driver {driver}, policy {policy}")
+    found = matrix.host_gpu(gpu)  # fits_host has already matched it
+    click.echo(f"host: {found.name} (compute capability {found.compute_capability}), "
+               f"driver {driver}, policy {policy}")
     fits = [(r, f) for r, f, _ in rows if f is not None]
     click.echo(f"fits ({len(fits)}):")
     for release, fields in fits:

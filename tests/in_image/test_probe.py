@@ -108,6 +108,16 @@ def test_matmul_failure_under_an_old_driver_blames_the_host(write_labels):
     assert (cuda_finding.status, cuda_finding.blame) == ("FAIL", "host")
 
 
+def test_the_probe_judges_the_host_gpu_without_a_name_table(write_labels):
+    """Issue 18, item 8: inside the image the probe compares the compute capability NVML reports
+    with the image's archs and precision labels, so a GPU compat/gpus.yaml does not name (here
+    the H100 NVL) is judged like any other, and an image built for another GPU's name is not
+    refused for its name."""
+    report = run(write_labels({"gpu": "H100-SXM"}), nvml=FakeNvml(gpus=[("NVIDIA H100 NVL", (9, 0))]))
+    assert report.exit_code == 0, report.lines()
+    assert lines_of(report, "arch")[0].startswith("PASS arch: GPU0 NVIDIA H100 NVL (compute capability 9.0)")
+
+
 def test_exact_engine_arch_on_other_gpu_is_host_wrong(write_labels):
     image = write_labels({"backend": "tensorrt-llm", "archs": "8.9", "arch.exact": "true",
                           "precision": "bf16", "precision.min_cc": "8.0"})

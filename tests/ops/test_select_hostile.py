@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,81 @@ def test_select_cli_survives_broken_tags(good, tmp_path):
     assert any(line.startswith("* good") for line in lines)
     for tag in ("bad-json", "bad-labels", "bad-floor", "bad-manifest"):
         assert any(line.startswith(f"- {tag}:") for line in lines), (tag, lines)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _host_edge(tmp_path: Path, *, nvml: str | None = None, smi: str | None = None) -> dict[str, str]:
+    """An environment whose NVML edge is a recorded pynvml (``nvml``: FakeNvml arguments) or,
+    with pynvml made unimportable, whose nvidia-smi prints ``smi``; Docker unreachable."""
+    edge = tmp_path / "edge"
+    edge.mkdir()
+    if nvml is not None:
+        (edge / "pynvml.py").write_text(
+            "from fake_nvml import FakeNvml, H100, H200, A100\n"
+            f"_FAKE = FakeNvml({nvml})\n"
+            "def __getattr__(name):\n    return getattr(_FAKE, name)\n")
+    else:
+        (edge / "pynvml.py").write_text("raise ImportError('nvidia-ml-py is not installed')\n")
+    path = os.environ.get("PATH", "")
+    if smi is not None:
+        script = edge / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\nprintf '{smi}'\n")
+        script.chmod(0o755)
+        path = f"{edge}{os.pathsep}{path}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMGFAB_", "DOCKER_"))}
+    env.update(DOCKER_CONFIG=str(tmp_path), DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock", PATH=path,
+               PYTHONPATH=os.pathsep.join([str(edge), str(FIXTURES), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _select_here(env: dict[str, str], port: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from imgfab.cli import main; main()", "select",
+                           "--registry", f"127.0.0.1:{port}/llm/x", "--explain"],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("edge, seen", [
+    ({"nvml": "driver='580.159.04', gpus=[H200]"}, "read from NVML: GPU0 NVIDIA H200, 140.4 GiB, driver 580.159.04"),
+    ({"smi": "0, NVIDIA H200, 9.0, 143771, 580.159.04\\n"},
+     "read from nvidia-smi: GPU0 NVIDIA H200, 140.4 GiB, driver 580.159.04"),
+])
+def test_select_without_gpu_or_driver_uses_this_hosts_first_gpu(good, tmp_path, edge, seen):
+    _Registry.manifests.clear()
+    _image("good", json.dumps({"config": {"Labels": good}}).encode())
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = _select_here(_host_edge(tmp_path, **edge), server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"host: H200 (cc 9.0), driver 580.159.04; {seen}"
+    assert any(line.startswith("* good") for line in lines)
+    assert lines[-1].startswith(f"127.0.0.1:{server.server_port}/llm/x@sha256:")
+
+
+@pytest.mark.parametrize("edge, said", [
+    ({"smi": "0, NVIDIA H100 NVL, 9.0, 95830, 580.95.05\\n"}, "imgfab: --gpu: unknown GPU 'NVIDIA H100 NVL'"),
+    ({}, "imgfab: --driver/--gpu: cannot read this host's GPU (neither NVML"),
+    ({"nvml": "init_error='NVML Shared Library Not Found'"}, "imgfab: --driver/--gpu: cannot read this host's GPU (NVML did not start"),
+])
+def test_select_without_gpu_on_a_host_it_cannot_match_is_one_line_exit_2(tmp_path, edge, said):
+    env = _host_edge(tmp_path, **edge)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                  if p == str(tmp_path / "edge") or not (Path(p) / "nvidia-smi").exists())
+    result = _select_here(env, 9)  # refused before any registry is asked
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_doctor_names_the_hosts_gpu_from_the_matrix(tmp_path):
+    env = _host_edge(tmp_path, nvml="driver='580.159.04', gpus=[H200]")
+    result = subprocess.run([sys.executable, "-c", "from imgfab.cli import main; main()", "doctor"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert "[ok] driver: driver 580.159.04; GPUs: NVIDIA H200 (cc 9.0)" in result.stdout, result.stdout
+    assert ("[ok] gpu-matrix: GPU0 NVIDIA H200, 140.4 GiB is H200 in compat/gpus.yaml (cc 9.0, hopper) "
+            "(`imgfab select` without --gpu decides for it)") in result.stdout

@@ -145,6 +145,7 @@ class GpuFacts:
     index: int
     name: str
     compute_capability: str
+    memory_bytes: int | None = None  # total memory, None when NVML did not say
 
 
 @dataclass
@@ -154,6 +155,7 @@ class HostFacts:
     driver: str | None = None
     gpus: list[GpuFacts] = field(default_factory=list)
     error: str | None = None
+    via: str = "NVML"  # what read it: NVML, or nvidia-smi (imgfab.ops.host)
 
 
 class Nvml(Protocol):
@@ -166,6 +168,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
 
 
 def load_nvml() -> Nvml | None:
@@ -179,6 +182,15 @@ def load_nvml() -> Nvml | None:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _total_memory(nvml: Nvml, handle: Any) -> int | None:
+    """The GPU's total memory in bytes; None when NVML cannot say (it changes no verdict)."""
+    try:
+        total = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except Exception:  # NVMLError_NotSupported on some vGPU profiles, an old binding
+        return None
+    return total if total > 0 else None
 
 
 def read_host(nvml: Nvml | None) -> HostFacts:
@@ -196,7 +208,7 @@ def read_host(nvml: Nvml | None) -> HostFacts:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             gpus.append(GpuFacts(index, _text(nvml.nvmlDeviceGetName(handle)).strip(),
-                                 f"{major}.{minor}"))
+                                 f"{major}.{minor}", _total_memory(nvml, handle)))
         return HostFacts(driver=driver, gpus=gpus)
     except Exception as exc:
         return HostFacts(error=f"NVML query failed: {exc}")

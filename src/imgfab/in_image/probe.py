@@ -20,7 +20,10 @@ Checks, each printed as one line (``PASS``/``FAIL``/``NOT RUN``/``SKIP``) with t
                or ``forward-compat`` (a libcuda from ``/usr/local/cuda*/compat``); a strict or
                minor-compat image found in forward-compat fails. SKIP when no libcuda loads
 ``arch``       each visible GPU's compute capability vs ``archs`` (exactly, when
-               ``arch.exact`` is ``true``: a TensorRT engine; else CUDA binary compatibility)
+               ``arch.exact`` is ``true``: a TensorRT engine; else CUDA binary compatibility).
+               The probe never looks a GPU up by its name (it carries no compat/gpus.yaml):
+               NVML's compute capability is compared with the labels, so a GPU is judged
+               whether the matrix names it or not
 ``precision``  each visible GPU vs the precision's ``min_cc`` / ``max_cc``
 ``cuda``       a 256×256 float32 matmul on every GPU torch sees, compared with the CPU result;
                without torch the check is NOT RUN, which is not a pass

@@ -18,6 +18,7 @@ import yaml
 
 from imgfab.errors import CompatibilityError, MatrixError
 from imgfab.in_image.rules import compare_versions, major_minor, parse_version
+from imgfab.matrix.gpus import NvmlName, check_nvml_names, match_gpu, parse_nvml_names
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -87,6 +88,7 @@ class Gpu(Sourced):
     min_driver_source: str = ""
     cpu_arch: str = "x86_64"  # hosts this GPU comes in (GH200/GB200/GB300: aarch64 superchips)
     datacenter: bool = True  # forward compatibility is supported on datacenter GPUs only
+    nvml_names: tuple[NvmlName, ...] = ()  # product names as NVML / nvidia-smi print them
 
     @property
     def sm(self) -> str:
@@ -179,6 +181,13 @@ class Matrix:
             if gpu.name.lower() == wanted or wanted in (a.lower() for a in gpu.aliases):
                 return gpu
         return None
+
+    def host_gpu(self, name: str, memory: int | float | str | None = None, *,
+                 field: str = "--gpu") -> Gpu:
+        """The GPU a host reports as ``name`` (NVML's product name, or a matrix name or alias)
+        with ``memory`` (NVML bytes, or nvidia-smi's MiB); :func:`imgfab.matrix.gpus.match_gpu`
+        says the rule. Raises RecipeError naming ``field`` when no single GPU fits."""
+        return match_gpu(self.gpus, name, memory, field=field)
 
     def precision_rule(self, backend: str, precision: str, version: str = "") -> PrecisionRule | None:
         """The rule for ``precision`` under ``backend`` (at ``version``, when rules are per range).
@@ -338,7 +347,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                 min_driver=str(row.get("min_driver") or ""),
                 min_driver_source=str(row.get("min_driver_source") or ""),
                 cpu_arch=str(row.get("cpu_arch") or "x86_64"),
-                datacenter=bool(row.get("datacenter", True)), **_sourced(row))
+                datacenter=bool(row.get("datacenter", True)),
+                nvml_names=parse_nvml_names(row.get("nvml_names"), f"gpu {row.get('name')}"),
+                **_sourced(row))
             for row in gpu_rows]
     for row in gpu_rows:
         note("gpu", str(row.get("name")), row)
@@ -399,9 +410,11 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     }
 
     for record in (*toolkits.values(), *minor_compat.values(), *images, *os_releases.values(),
-                   *gpus, *precisions, *torch.values(), *releases, *profiles.values(),
+                   *gpus, *(entry for gpu in gpus for entry in gpu.nvml_names),
+                   *precisions, *torch.values(), *releases, *profiles.values(),
                    *(jit for profile in profiles.values() for jit in profile.jit_toolchains)):
         validate_record(record)
+    check_nvml_names(gpus)
     matrix = Matrix(toolkits=toolkits, minor_compat=minor_compat, images=images,
                     os_releases=os_releases, gpus=gpus, precisions=precisions, torch=torch,
                     releases=[], profiles=profiles, runtimes=runtimes,

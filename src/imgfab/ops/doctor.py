@@ -15,7 +15,11 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from imgfab.in_image.facts import HostFacts, load_nvml, read_host
+from imgfab.errors import RecipeError
+from imgfab.in_image.facts import HostFacts, load_nvml
+from imgfab.matrix.compat import Matrix
+from imgfab.matrix.gpus import memory_gib, nvml_key
+from imgfab.ops.host import read_this_host
 from imgfab.stack.verdicts import driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
 
 GIB = 1024**3
@@ -59,7 +63,7 @@ def _read(path: str) -> str | None:
 def live_view(docker_info: Callable[[], dict[str, Any]] | None = None) -> HostView:
     """Read this machine. ``docker_info`` is injected by the CLI (engine.py talks to Docker)."""
     nvml = load_nvml()
-    host = read_host(nvml)
+    host = read_this_host(nvml)  # NVML, else nvidia-smi
     ceiling = None
     if nvml is not None and host.error is None:
         try:
@@ -94,8 +98,9 @@ def live_view(docker_info: Callable[[], dict[str, Any]] | None = None) -> HostVi
 
 
 def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
-             image_bytes: int | None = None) -> list[Finding]:
-    """All findings for this host (and, with ``image_labels``, for that image on it)."""
+             image_bytes: int | None = None, matrix: Matrix | None = None) -> list[Finding]:
+    """All findings for this host (and, with ``image_labels``, for that image on it; with
+    ``matrix``, which compat/gpus.yaml GPU each host GPU is, as `imgfab select` matches it)."""
     findings: list[Finding] = []
     add = findings.append
     modules = view.files.get("/proc/modules") or ""
@@ -115,7 +120,10 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
                     "reinstall the driver so the kernel module and libnvidia-ml match (reboot after an upgrade)"))
     else:
         names = ", ".join(f"{g.name} (cc {g.compute_capability})" for g in view.host.gpus)
-        add(Finding("driver", "ok", f"driver {view.host.driver}; GPUs: {names or 'none visible'}"))
+        via = f" (read by {view.host.via})" if view.host.via != "NVML" else ""
+        add(Finding("driver", "ok", f"driver {view.host.driver}; GPUs: {names or 'none visible'}{via}"))
+        if matrix is not None:
+            findings.extend(matrix_findings(view.host, matrix))
         if view.cuda_ceiling:
             add(Finding("cuda-ceiling", "info",
                         f"this driver supports CUDA ≤ {view.cuda_ceiling} natively; images need a driver "
@@ -167,6 +175,38 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
     # --- an image on this host -----------------------------------------------------------
     if image_labels is not None:
         findings.extend(image_findings(image_labels, view.host))
+    return findings
+
+
+def matrix_findings(host: HostFacts, matrix: Matrix) -> list[Finding]:
+    """Which compat/gpus.yaml GPU each distinct host GPU is, by the name and memory it reports:
+    what `imgfab select` without --gpu decides for (the first GPU)."""
+    findings, judged = [], set()
+    for gpu in host.gpus:
+        if (gpu.name, gpu.memory_bytes) in judged:
+            continue
+        judged.add((gpu.name, gpu.memory_bytes))
+        size = f", {memory_gib(gpu.memory_bytes):.1f} GiB" if gpu.memory_bytes else ""
+        seen = f"GPU{gpu.index} {gpu.name}{size}"
+        select = " (`imgfab select` without --gpu decides for it)" if gpu is host.gpus[0] else ""
+        try:
+            found = matrix.host_gpu(gpu.name, gpu.memory_bytes, field="--gpu")
+        except RecipeError as error:
+            findings.append(Finding("gpu-matrix", "warn", f"{seen} is not a GPU of compat/gpus.yaml: "
+                                    f"{error.message}", f"`imgfab select` needs --gpu here; {error.fix}"))
+            continue
+        if gpu.compute_capability != found.compute_capability:
+            findings.append(Finding("gpu-matrix", "error", f"{seen} reports compute capability "
+                                    f"{gpu.compute_capability}, compat/gpus.yaml's {found.name} "
+                                    f"{found.compute_capability}", "correct compat/gpus.yaml"))
+            continue
+        entry = next((e for e in found.nvml_names if nvml_key(e.name) == nvml_key(gpu.name)), None)
+        unconfirmed = " (that name is unconfirmed in compat/gpus.yaml)" if entry and not entry.confirmed else ""
+        findings.append(Finding("gpu-matrix", "ok", f"{seen} is {found.name} in compat/gpus.yaml "
+                                f"(cc {found.compute_capability}, {found.architecture}){select}{unconfirmed}"))
+    if len({(g.name, g.memory_bytes) for g in host.gpus}) > 1:
+        findings.append(Finding("gpu-mixed", "info", "this host has GPUs of more than one model: "
+                                "`imgfab select` without --gpu decides for GPU0 only"))
     return findings
 
 

@@ -13,10 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from imgfab.errors import MatrixError, RecipeError
+from imgfab.in_image.facts import HostFacts
 from imgfab.in_image.rules import Verdict, parse_version
+from imgfab.matrix.compat import Matrix
+from imgfab.matrix.gpus import memory_gib
 from imgfab.stack.verdicts import P, driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
 
-__all__ = ["HostGpu", "Published", "Candidate", "choose", "choose_verified", "evaluate", "what_host_needs",
+__all__ = ["HostGpu", "Published", "Candidate", "choose", "choose_verified", "evaluate", "host_gpu",
+           "what_host_needs",
            "driver_verdict", "gpu_verdicts", "is_imgfab_image", "label_problem"]
 
 
@@ -27,6 +32,50 @@ class HostGpu:
     driver: str
     gpu: str
     compute_capability: str
+    seen: str = ""  # what the host reported, when the GPU or driver was read from it
+
+
+def host_gpu(matrix: Matrix, read_host: Callable[[], HostFacts], *, driver: str | None = None,
+             gpu: str | None = None) -> HostGpu:
+    """``--driver``/``--gpu``, or this host's (``read_host``: NVML or nvidia-smi) for each one
+    omitted: its driver, and its first GPU resolved through ``compat/gpus.yaml`` by the name
+    and memory it reports (:meth:`Matrix.host_gpu`).
+
+    Raises RecipeError (exit 2) when the host cannot be read or its GPU is not in the matrix,
+    and MatrixError (exit 1) when the matrix gives that GPU another compute capability than the
+    host reports.
+    """
+    seen = ""
+    reported = None
+    if driver is None or gpu is None:
+        facts = read_host()
+        if facts.error or not facts.gpus:
+            raise RecipeError(f"cannot read this host's GPU ({facts.error or 'no GPU visible'})",
+                              field="--driver/--gpu", fix="pass --driver and --gpu explicitly")
+        reported = facts.gpus[0]
+        size = f", {memory_gib(reported.memory_bytes):.1f} GiB" if reported.memory_bytes else ""
+        seen = f"{facts.via}: GPU{reported.index} {reported.name}{size}, driver {facts.driver}"
+        driver = driver or facts.driver
+        if not driver:
+            raise RecipeError(f"this host reports no driver version ({facts.via})",
+                              field="--driver", fix="pass --driver")
+        try:
+            parse_version(driver)
+        except ValueError:
+            raise RecipeError(f"this host reports driver {driver!r}, not a version ({facts.via})",
+                              field="--driver", fix="pass --driver") from None
+    if gpu is None:
+        assert reported is not None
+        found = matrix.host_gpu(reported.name, reported.memory_bytes, field="--gpu")
+        if reported.compute_capability and reported.compute_capability != found.compute_capability:
+            raise MatrixError(f"compat/gpus.yaml gives {found.name} compute capability "
+                              f"{found.compute_capability}, but this host's {reported.name} reports "
+                              f"{reported.compute_capability}", field="compat/gpus.yaml",
+                              fix="correct the record (or pass --gpu to override)")
+    else:
+        found = matrix.host_gpu(gpu, field="--gpu")
+    return HostGpu(driver=driver, gpu=found.name, compute_capability=found.compute_capability,
+                   seen=seen)
 
 
 @dataclass(frozen=True)

@@ -290,11 +290,9 @@ def _payload_toolchain(plan: Any, torch_row: Any, release: BackendRelease) -> tu
 
 def fits_host(matrix: Matrix, gpu_name: str, driver: str, policy: str = STRICT,
               precision: str = "auto") -> list[tuple[BackendRelease, dict[str, Any] | None, list[Rejection]]]:
-    """For `imgfab matrix`: every release of every backend evaluated on one host."""
-    gpu = matrix.gpu(gpu_name)
-    if gpu is None:
-        raise RecipeError(f"unknown GPU {gpu_name!r}", field="--gpu",
-                          fix="one of: " + ", ".join(g.name for g in matrix.gpus))
+    """For `imgfab matrix`: every release of every backend evaluated on one host. ``gpu_name``
+    is a matrix name or alias, or the name nvidia-smi prints (:meth:`Matrix.host_gpu`)."""
+    gpu = matrix.host_gpu(gpu_name, field="--gpu")
     refuse_cpu_arch(gpu, "--gpu")
     out = []
     for backend in sorted(matrix.profiles):
