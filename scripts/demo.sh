@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main job end to end on the embedded local defaults: install imgfab into .venv, bring up
 # the local stack (Docker engine, registry with auth on 127.0.0.1:5000, base-image mirror with
-# stand-in bases), then render, build, verify, tag and push one example recipe with its real
-# payload. Usage: scripts/demo.sh [RECIPE] (default recipes/qwen2-7b-h100.yaml).
+# stand-in bases, cosign and its key pair), then render, build, verify, tag and push one example
+# recipe with its real payload, signed with its SBOM and provenance attested, and a deploy
+# bundle pinned by the pushed digest; then check it as a host would: cosign verify,
+# cosign verify-attestation, imgfab select --verify-key.
+# Usage: scripts/demo.sh [RECIPE] (default recipes/qwen2-7b-h100.yaml).
 set -euo pipefail
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$REPO"
@@ -24,4 +27,22 @@ source .stack/env
 mkdir -p build
 LOCK="build/$(basename "$RECIPE" .yaml).stand-in.lock"
 .venv/bin/imgfab lock "$RECIPE" --python-version 3.11 --python-platform x86_64-manylinux_2_36 --output "$LOCK"
-exec .venv/bin/imgfab build "$RECIPE" --push --lock "$LOCK"
+REPORT="build/$(basename "$RECIPE" .yaml).report.json"
+.venv/bin/imgfab build "$RECIPE" --push --lock "$LOCK" --sign-key "$IMGFAB_SIGN_KEY" --json >"$REPORT"
+IMAGE=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["pushed"])' "$REPORT")
+BUNDLE=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["publish"]["bundle"])' "$REPORT")
+echo "[demo] pushed and signed $IMAGE; deploy bundle in $BUNDLE:"
+ls "$BUNDLE"
+
+# The consumers' own checks. The local stack has no transparency log: its signatures carry
+# no Rekor entry, so they are verified with --insecure-ignore-tlog (cosign warns).
+"$IMGFAB_COSIGN" verify --key "$IMGFAB_VERIFY_KEY" --insecure-ignore-tlog "$IMAGE" >/dev/null
+echo "[demo] cosign verify: ok"
+for kind in cyclonedx slsaprovenance1; do
+    "$IMGFAB_COSIGN" verify-attestation --key "$IMGFAB_VERIFY_KEY" --insecure-ignore-tlog \
+        --type "$kind" "$IMAGE" >/dev/null
+    echo "[demo] cosign verify-attestation --type $kind: ok"
+done
+# What an ops team runs on a host: the newest signed image for its driver and GPU.
+.venv/bin/imgfab select --registry "${IMAGE%@*}" --driver 580.65.06 --gpu H100 \
+    --verify-key "$IMGFAB_VERIFY_KEY"

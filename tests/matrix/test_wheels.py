@@ -7,7 +7,6 @@ import json
 import sys
 import types
 import zipfile
-from pathlib import Path
 
 import pytest
 

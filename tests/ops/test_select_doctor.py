@@ -11,7 +11,7 @@ from imgfab.ops.doctor import HostView, diagnose, exit_code, image_findings
 from imgfab.in_image.facts import GpuFacts, HostFacts
 from imgfab.recipe import parse_recipe, recipe_hash
 from imgfab.render.context import image_labels
-from imgfab.stack.resolve import Host, resolve
+from imgfab.stack.resolve import resolve
 from imgfab.ops.select import HostGpu, Published, choose, what_host_needs
 
 from conftest import REPO

@@ -124,6 +124,19 @@ def test_bake_is_deterministic_and_unmirrored_by_default(tmp_path):
         assert target["args"]["BUILDER_IMAGE"].startswith("nvidia/cuda:")
 
 
+def test_build_bake_and_bake_name_the_same_registry(tmp_path):
+    """`imgfab build --bake F --registry R` used to drop R (issue 18); both commands now write
+    the same file."""
+    args = [*map(str, BAKE_RECIPES), "--mirror", MIRROR, "--registry", "registry.example:5000"]
+    bake = imgfab("bake", *args, "-o", "a/docker-bake.json", cwd=tmp_path)
+    build = imgfab("build", *args, "--bake", "b/docker-bake.json", cwd=tmp_path)
+    assert bake.returncode == 0 and build.returncode == 0, bake.stderr + build.stderr
+    a, b = (json.loads((tmp_path / d / "docker-bake.json").read_text()) for d in "ab")
+    assert {n: t["tags"] for n, t in a["target"].items()} == {n: t["tags"] for n, t in b["target"].items()}
+    assert all(t.startswith("registry.example:5000/") for target in a["target"].values()
+               for t in target["tags"])
+
+
 def test_bake_bad_recipe_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ncolour: red\n")
