@@ -275,11 +275,6 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
     from imgfab.docker.engine import inspect_image  # noqa: PLC0415
 
     local_id = str(inspect_image(local_ref).get("Id") or "")
-    if not retag:
-        refuse_moving_tag(local_id, f"{target.name}:{tag}", credentials)
-    elif on_line is not None and (held := tag_holder(f"{target.name}:{tag}", credentials)) \
-            and local_id not in held:
-        on_line(f"--retag: {target.name}:{tag} moves from {held[0]} to this build ({local_id})")
     last: RegistryError | None = None
     for attempt in range(1, max(1, attempts) + 1):
         if attempt > 1:
@@ -289,7 +284,8 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
                         f"(attempt {attempt}/{attempts}) after: {last.message if last else ''}")
             time.sleep(delay)
         try:
-            return _push_once(local_ref, target, tag, credentials, on_line)
+            return _push_once(local_ref, target, tag, credentials, on_line,
+                              local_id=local_id, retag=retag)
         except RegistryError as error:
             if not is_transient(error.message):
                 if _AUTH.search(error.message) and "refused" not in error.message:
@@ -302,12 +298,18 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
 
 
 def _push_once(local_ref: str, target: ImageRef, tag: str, credentials: Credentials,
-               on_line: Callable[[str], None] | None) -> str:
+               on_line: Callable[[str], None] | None, *, local_id: str, retag: bool) -> str:
     from imgfab.docker.engine import push_image  # noqa: PLC0415
 
     client = _Client(credentials)
     # The auth check: /v2/ answers 401 to a wrong password before anything is uploaded.
     client.request("GET", "/v2/", scope=f"repository:{target.repository}:pull,push")
+    # The tag guard runs inside the attempt, so a reset on its HEAD is retried like the rest.
+    if not retag:
+        refuse_moving_tag(local_id, f"{target.name}:{tag}", credentials)
+    elif on_line is not None and (held := tag_holder(f"{target.name}:{tag}", credentials)) \
+            and local_id not in held:
+        on_line(f"--retag: {target.name}:{tag} moves from {held[0]} to this build ({local_id})")
     pushed = push_image(local_ref, target.name, tag, auth_config=credentials.auth_config(),
                         on_line=on_line)
     head = _manifest_digest(client, ImageRef(target.host, target.repository, tag))
