@@ -1,11 +1,12 @@
 """Planted bugs for guards added on main outside the per-area modules (see test_planted_bugs)."""
 
 PLANTS = [
-    dict(name="render: context mtimes left at the wall clock", path="render/context.py",
-         old="        _normalise_mtimes(staging, files)\n", new="",
-         first=("tests/render/test_render_output.py",)),
     dict(name="push: tag guard skipped", path="docker/registry.py",
          old="    if not retag:\n        refuse_moving_tag(local_id, f\"{target.name}:{tag}\", credentials)\n",
          new="    if False:\n        pass\n",
          first=("tests/docker/test_retag.py",)),
+    dict(name="runtime: image.json copied before the entrypoint", path="_data/templates/runtime.j2",
+         old="COPY entrypoint.sh /opt/imgfab/entrypoint.sh\n",
+         new="COPY image.json /opt/imgfab/image.json\nCOPY entrypoint.sh /opt/imgfab/entrypoint.sh\n",
+         first=("tests/render/test_render.py",)),
 ]

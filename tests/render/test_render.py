@@ -152,3 +152,15 @@ def test_escaping_filter_rejects_newlines():
     assert dockerfile_value('a"b$c') == '"a\\"b\\$c"'
     with pytest.raises(RecipeError):
         dockerfile_value("a\nRUN evil")
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_image_json_is_the_last_layer(path, matrix):
+    """image.json changes with every identity change (its labels carry the tag), and a rebuilt
+    COPY stamps /opt/imgfab with the build's clock: anything after it would be a new layer too
+    (tests/integration/test_build.py::test_pin_digests_pins_both_bases measures it)."""
+    dockerfile = _render(path, matrix)["Dockerfile"]
+    runtime = dockerfile[dockerfile.rindex("\nFROM "):]
+    layers = [line for line in runtime.splitlines()
+              if line.split(" ", 1)[0] in ("COPY", "ADD", "RUN")]
+    assert layers[-1] == "COPY image.json /opt/imgfab/image.json", layers[-3:]

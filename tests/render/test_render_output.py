@@ -97,15 +97,6 @@ def test_modes_ignore_the_umask(tmp_path):
     assert ((out / "run.sh").stat().st_mode & 0o777) == 0o755
 
 
-def test_mtimes_are_the_fixed_epoch_so_copy_layers_repeat(tmp_path):
-    """COPY keeps the context's mtimes: a render at another time must give the same layers."""
-    out = write_context({"entrypoint.sh": "#!/bin/sh\n", "imgfab/in_image/probe.py": "x"},
-                        tmp_path / "ctx")
-    for path in (out / "entrypoint.sh", out / "imgfab", out / "imgfab/in_image",
-                 out / "imgfab/in_image/probe.py", out / RENDER_MARKER):
-        assert path.lstat().st_mtime == 0, path
-
-
 def test_swap_is_atomic_for_readers_and_concurrent_writers(tmp_path):
     target = tmp_path / "ctx"
     write_context({"Dockerfile": "FROM a\n"}, target)

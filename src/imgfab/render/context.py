@@ -567,19 +567,6 @@ def _replaceable(output: Path, force: bool) -> bool:
 KEPT_DIRS = ("deploy",)
 
 
-# The mtime of every rendered file and directory. COPY keeps the context's mtimes in the layer,
-# so a render's wall-clock time would give every COPY layer after the first changed one a new
-# diff id even where its bytes are equal; the payload layers use the same epoch
-# (imgfab.in_image.stage.EPOCH).
-RENDER_EPOCH = 0
-
-
-def _normalise_mtimes(staging: Path, files: dict[str, str]) -> None:
-    directories = {parent for name in files for parent in Path(name).parents[:-1]}
-    for relative in [*files, RENDER_MARKER, *sorted(map(str, directories), reverse=True)]:
-        os.utime(staging / relative, (RENDER_EPOCH, RENDER_EPOCH), follow_symlinks=False)
-
-
 def write_context(files: dict[str, str], output: Path, *, force: bool = False) -> Path:
     """Write ``files`` into ``output`` atomically; returns ``output``.
 
@@ -607,7 +594,6 @@ def write_context(files: dict[str, str], output: Path, *, force: bool = False) -
                 os.chmod(staging / directory, 0o755)
             path.write_text(text, encoding="utf-8")
             os.chmod(path, 0o755 if relative.endswith(".sh") else 0o644)
-        _normalise_mtimes(staging, files)
         os.chmod(staging, 0o755)
         for _ in range(8):  # another writer may create or swap `output` in between
             if not _replaceable(output, force):
