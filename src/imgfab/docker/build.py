@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from imgfab.docker import engine
+from imgfab.docker.unverified import UnverifiedTags
 from imgfab.errors import RecipeError, ValidationFailed, redact
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
@@ -314,37 +315,41 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     remote_ref = f"{options.registry.rstrip('/')}/{local_ref}" if options.registry else None
     if remote_ref:
         tags.append(remote_ref)
-    with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
-        secrets: dict[str, Path] = {}
-        if options.ca_cert is not None:
-            secrets["ca-cert"] = Path(options.ca_cert)
-        if options.pip_index_url:
-            secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
-            build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
-                secrets["pip-conf"].read_bytes(), pip_source_key())
-        if strategy == "two-phase":
-            _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
-        result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
-                              network=options.network, on_line=on_line, no_cache=options.no_cache)
-        policy = policy_for(recipe, stack, matrix, secrets)
-        secret_names = list(secrets)
-    policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
-    try:
-        report = verify_image(local_ref, policy)
-    except ValidationFailed:
-        for ref in tags:  # a rejected image keeps no name that could be pushed or run
-            engine.remove_image(ref)
-        raise
-    # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
-    # a disagreement rejects the image like verify does, and the measured values become labels.
-    from imgfab.payload import measure as payload  # noqa: PLC0415
-    try:
-        measured = payload.check_image(local_ref, stack.to_dict(), matrix, engine=engine)
-    except ValidationFailed:
-        for ref in tags:
-            engine.remove_image(ref)
-        raise
-    relabelled = engine.add_labels(local_ref, measured.labels, tags)
+    # From the build until verify and the payload check pass, the tags name an unverified
+    # image: an interrupt or a failure in between takes back every tag the build moved.
+    with UnverifiedTags(tags) as hold:
+        with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
+            secrets: dict[str, Path] = {}
+            if options.ca_cert is not None:
+                secrets["ca-cert"] = Path(options.ca_cert)
+            if options.pip_index_url:
+                secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
+                build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
+                    secrets["pip-conf"].read_bytes(), pip_source_key())
+            if strategy == "two-phase":
+                _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
+            result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
+                                  network=options.network, on_line=on_line, no_cache=options.no_cache)
+            policy = policy_for(recipe, stack, matrix, secrets)
+            secret_names = list(secrets)
+        policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
+        try:
+            report = verify_image(local_ref, policy)
+        except ValidationFailed:
+            for ref in tags:  # a rejected image keeps no name that could be pushed or run
+                engine.remove_image(ref)
+            raise
+        # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
+        # a disagreement rejects the image like verify does, and the measured values become labels.
+        from imgfab.payload import measure as payload  # noqa: PLC0415
+        try:
+            measured = payload.check_image(local_ref, stack.to_dict(), matrix, engine=engine)
+        except ValidationFailed:
+            for ref in tags:
+                engine.remove_image(ref)
+            raise
+        relabelled = engine.add_labels(local_ref, measured.labels, tags)
+        hold.verified()
     report.notes.extend(measured.notes)
     size = int(engine.inspect_image(local_ref).get("Size") or 0)
     built = BuiltImage(
