@@ -34,7 +34,7 @@ from typing import Any
 
 from imgfab.docker import engine
 from imgfab.docker.unverified import UnverifiedTags
-from imgfab.errors import RecipeError, ValidationFailed, redact
+from imgfab.errors import HostError, RecipeError, ValidationFailed, redact
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -190,25 +190,51 @@ def _pip_conf(index_url: str, directory: Path) -> Path:
     return path
 
 
+# The key's length in bytes; a shorter file (empty after a kill or a full disk between create and
+# write, before issue 21) is refused, never used as an HMAC key.
+PIP_SOURCE_KEY_BYTES = 32
+
+
 def pip_source_key(cache: Path | None = None) -> bytes:
     """The random key of this build cache (``$XDG_CACHE_HOME/imgfab/pip-source.key``, made on
     first use, mode 0600) that keys the pip-source fingerprint: a build arg that changes when
-    the index changes, and from which no password can be guessed without the key."""
+    the index changes, and from which no password can be guessed without the key.
+
+    The key is written whole to a temporary file, synced, then linked into place (a concurrent
+    build's key wins, never a half-written one). A key file shorter than
+    :data:`PIP_SOURCE_KEY_BYTES` raises :class:`HostError` naming it."""
     root = cache or Path(os.environ.get("XDG_CACHE_HOME")
                          or Path(os.path.expanduser("~")) / ".cache") / "imgfab"
     path = root / "pip-source.key"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        _write_key(path)
+    key = path.read_bytes()
+    if len(key) < PIP_SOURCE_KEY_BYTES:
+        raise HostError(f"{path} holds {len(key)} bytes, not a {PIP_SOURCE_KEY_BYTES}-byte key "
+                        "(a write cut short)", field="pip-source key",
+                        fix=f"delete {path}; the next build makes a new one")
+    return key
+
+
+def _write_key(path: Path) -> None:
+    fd, staging = tempfile.mkstemp(prefix=".pip-source.key.", dir=path.parent)  # mode 0600
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        pass
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another build made it first
-        return path.read_bytes()
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(random_secrets.token_bytes(32))
-    return path.read_bytes()
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(random_secrets.token_bytes(PIP_SOURCE_KEY_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(staging, path)  # never replaces a key another build made first
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            os.replace(staging, path)
+    finally:
+        try:
+            os.unlink(staging)
+        except FileNotFoundError:
+            pass
 
 
 def pip_source_fingerprint(pip_conf: bytes, key: bytes) -> str:
