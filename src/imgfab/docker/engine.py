@@ -300,8 +300,9 @@ def stop_process_group(process: subprocess.Popen[str], grace_s: float = _STOP_GR
     for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
             os.killpg(process.pid, signum)
-        except (ProcessLookupError, PermissionError):  # the group is gone already
-            pass
+        except (ProcessLookupError, PermissionError):  # no such group: stop the leader alone
+            if process.poll() is None:
+                process.send_signal(signum)
         try:
             process.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
