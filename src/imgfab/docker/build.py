@@ -9,7 +9,8 @@
 3. ``docker build`` through :mod:`imgfab.docker.engine` with the CA bundle and a pip configuration as
    BuildKit secrets (the pip.conf is a temporary file outside the context, gone afterwards);
 4. tag ``<registry>/<repository>:<tag>`` (with a registry) and ``<repository>:<tag>``;
-5. :mod:`imgfab.docker.verify` (a rejected image loses its tags: nothing half-written remains);
+5. :mod:`imgfab.docker.verify` (a rejected image loses its tags: nothing half-written remains;
+   so does one whose build or verify is interrupted or fails, :mod:`imgfab.docker.unverified`);
 6. optionally the smoke test the caller passes (``BuildOptions.smoke_hook``: imgfab smoke's
    run shapes; a failed smoke blocks the push);
 7. optionally push through :mod:`imgfab.docker.registry`.
