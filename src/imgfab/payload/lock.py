@@ -326,9 +326,15 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
 
 
 def _write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename; an interrupt or a full disk on the way
+    leaves the old lock whole and no temporary file beside it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass
