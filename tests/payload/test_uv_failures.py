@@ -62,3 +62,24 @@ def test_a_missing_uv_is_an_environment_failure(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_uv)
     with pytest.raises(HostError, match="uv is not installed"):
         lockmod.uv_binary()
+
+
+def test_imgfab_lock_exits_1_with_one_line_when_uv_cannot_use_its_cache(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("")
+    env = dict(os.environ, UV_CACHE_DIR=str(blocker), PYTHONPATH=str(REPO / "src"))
+    result = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock",
+                             str(REPO / "recipes" / "qwen2-7b-h100.yaml"),
+                             "--index-url", "http://127.0.0.1:9/simple",
+                             "--output", str(tmp_path / "x.lock")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("imgfab: lock: uv failed on this machine")
+    assert not (tmp_path / "x.lock").exists()
