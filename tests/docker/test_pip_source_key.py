@@ -57,3 +57,11 @@ def test_a_key_another_build_made_first_wins(tmp_path, monkeypatch):
     monkeypatch.setattr(build_module.os, "link", link_after_them)
     assert pip_source_key(tmp_path) == theirs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pip-source.key"]
+
+
+def test_a_cache_that_cannot_hold_the_key_is_one_line(tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    with pytest.raises(HostError) as caught:
+        pip_source_key(tmp_path / "not-a-dir" / "imgfab")
+    assert "cannot make or read" in caught.value.one_line()
+    assert caught.value.exit_code == 1

@@ -207,10 +207,16 @@ def pip_source_key(cache: Path | None = None) -> bytes:
     root = cache or Path(os.environ.get("XDG_CACHE_HOME")
                          or Path(os.path.expanduser("~")) / ".cache") / "imgfab"
     path = root / "pip-source.key"
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        _write_key(path)
-    key = path.read_bytes()
+    try:
+        if not path.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            _write_key(path)
+        key = path.read_bytes()
+    except OSError as exc:
+        raise HostError(f"cannot make or read {path}: {exc.strerror or exc}",
+                        field="pip-source key",
+                        fix="make the cache directory writable, or point XDG_CACHE_HOME at "
+                            "one that is") from None
     if len(key) < PIP_SOURCE_KEY_BYTES:
         raise HostError(f"{path} holds {len(key)} bytes, not a {PIP_SOURCE_KEY_BYTES}-byte key "
                         "(a write cut short)", field="pip-source key",
