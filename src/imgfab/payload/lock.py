@@ -127,7 +127,7 @@ def uv_binary() -> str:
         from uv import find_uv_bin  # noqa: PLC0415
     except ImportError:
         raise HostError("uv is not installed", field="imgfab lock",
-                          fix="pip install uv (it is in imgfab's test extras)") from None
+                        fix="pip install uv (it is in imgfab's test extras)") from None
     return find_uv_bin()
 
 
