@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from imgfab import interrupts
 from imgfab.errors import ImgfabError, RecipeError
 from imgfab.render.shapes import SHAPES
 
@@ -661,23 +662,32 @@ def _usage_line(error: click.ClickException) -> str:
                        fix=f"see `{' '.join(['imgfab', *words])} --help`").one_line()
 
 
+def _interrupted(interrupt: KeyboardInterrupt) -> None:
+    """Exit ``128 + signum`` after a signal, once its clean-up has run on the way out."""
+    click.echo(f"imgfab: stopped by {interrupts.signal_name(interrupt)}", err=True)
+    sys.exit(interrupts.exit_code(interrupt))
+
+
 def main() -> None:
     """Console entry point: run the CLI, turning imgfab errors into one line and an exit code."""
     debug = "--debug" in sys.argv[1:]
+    interrupts.install()  # SIGTERM / SIGHUP clean up as SIGINT does
     try:
         cli.main(standalone_mode=False)
     except ImgfabError as error:
         if debug:
             raise
         _fail(error)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as error:
+        if isinstance(error.__cause__, KeyboardInterrupt):  # click's wrapping of a signal
+            _interrupted(error.__cause__)
         click.echo("imgfab: aborted", err=True)
         sys.exit(1)
     except click.ClickException as error:  # usage errors: one line, exit 2, like ours
         click.echo(f"imgfab: {_usage_line(error)}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as interrupt:
+        _interrupted(interrupt)
     except Exception as error:  # a bug: still one line, the traceback behind --debug
         if debug:
             raise

@@ -88,3 +88,9 @@ class ValidationFailed(ImgfabError):
     """A built image broke a rule (root user, weights in a layer, undeclared build tools)."""
 
     exit_code = 1
+
+
+class HostError(ImgfabError):
+    """This machine failed imgfab: a cache directory that cannot be written, a damaged key file."""
+
+    exit_code = 1

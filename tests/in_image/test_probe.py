@@ -371,3 +371,30 @@ def test_read_cuda_mode_parses_proc_files(tmp_path, monkeypatch):
     mode = facts.read_cuda_mode(str(version), str(maps))
     assert mode.kernel_driver == "580.95.05" and mode.libcuda_version == "590.48.01"
     assert mode.libcuda_cuda == "13.1" and mode.mode == "forward-compat"
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+@pytest.mark.parametrize("name", ["config.json", "model-00001-of-00002.safetensors"])
+def test_weights_must_be_regular_files(write_labels, model_dir, name, kind):
+    """issue 21: a directory or a FIFO named like a weights file is refused, without opening
+    it (a FIFO would block whoever reads it)."""
+    (model_dir / name).unlink()
+    if kind == "directory":
+        (model_dir / name).mkdir()
+    else:
+        os.mkfifo(model_dir / name)
+    report = run(write_labels())
+    assert report.exit_code == probe.EXIT_HOST_WRONG
+    assert lines_of(report, "weights") == [
+        f"FAIL weights: {model_dir}: {name} is not a regular file; fix: mount the model "
+        f"directory at {model_dir} (-v /path/to/model:{model_dir}:ro), holding the model's "
+        f"files as they were downloaded"]
+
+
+def test_weights_reached_through_symbolic_links_are_fine(write_labels, model_dir, tmp_path):
+    """A Hugging Face cache snapshot links each file to its blob."""
+    blob = tmp_path / "blob"
+    blob.write_text("{}")
+    (model_dir / "config.json").unlink()
+    (model_dir / "config.json").symlink_to(blob)
+    assert run(write_labels()).exit_code == 0

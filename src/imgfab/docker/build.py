@@ -9,7 +9,8 @@
 3. ``docker build`` through :mod:`imgfab.docker.engine` with the CA bundle and a pip configuration as
    BuildKit secrets (the pip.conf is a temporary file outside the context, gone afterwards);
 4. tag ``<registry>/<repository>:<tag>`` (with a registry) and ``<repository>:<tag>``;
-5. :mod:`imgfab.docker.verify` (a rejected image loses its tags: nothing half-written remains);
+5. :mod:`imgfab.docker.verify` (a rejected image loses its tags: nothing half-written remains;
+   so does one whose build or verify is interrupted or fails, :mod:`imgfab.docker.unverified`);
 6. optionally the smoke test the caller passes (``BuildOptions.smoke_hook``: imgfab smoke's
    run shapes; a failed smoke blocks the push);
 7. optionally push through :mod:`imgfab.docker.registry`.
@@ -33,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from imgfab.docker import engine
-from imgfab.errors import RecipeError, ValidationFailed, redact
+from imgfab.docker.unverified import UnverifiedTags
+from imgfab.errors import HostError, RecipeError, ValidationFailed, redact
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -189,25 +191,57 @@ def _pip_conf(index_url: str, directory: Path) -> Path:
     return path
 
 
+# The key's length in bytes; a shorter file (empty after a kill or a full disk between create and
+# write, before issue 21) is refused, never used as an HMAC key.
+PIP_SOURCE_KEY_BYTES = 32
+
+
 def pip_source_key(cache: Path | None = None) -> bytes:
     """The random key of this build cache (``$XDG_CACHE_HOME/imgfab/pip-source.key``, made on
     first use, mode 0600) that keys the pip-source fingerprint: a build arg that changes when
-    the index changes, and from which no password can be guessed without the key."""
+    the index changes, and from which no password can be guessed without the key.
+
+    The key is written whole to a temporary file, synced, then linked into place (a concurrent
+    build's key wins, never a half-written one). A key file shorter than
+    :data:`PIP_SOURCE_KEY_BYTES` raises :class:`HostError` naming it."""
     root = cache or Path(os.environ.get("XDG_CACHE_HOME")
                          or Path(os.path.expanduser("~")) / ".cache") / "imgfab"
     path = root / "pip-source.key"
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        pass
-    root.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            _write_key(path)
+        key = path.read_bytes()
+    except OSError as exc:
+        raise HostError(f"cannot make or read {path}: {exc.strerror or exc}",
+                        field="pip-source key",
+                        fix="make the cache directory writable, or point XDG_CACHE_HOME at "
+                            "one that is") from None
+    if len(key) < PIP_SOURCE_KEY_BYTES:
+        raise HostError(f"{path} holds {len(key)} bytes, not a {PIP_SOURCE_KEY_BYTES}-byte key "
+                        "(a write cut short)", field="pip-source key",
+                        fix=f"delete {path}; the next build makes a new one")
+    return key
+
+
+def _write_key(path: Path) -> None:
+    fd, staging = tempfile.mkstemp(prefix=".pip-source.key.", dir=path.parent)  # mode 0600
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another build made it first
-        return path.read_bytes()
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(random_secrets.token_bytes(32))
-    return path.read_bytes()
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(random_secrets.token_bytes(PIP_SOURCE_KEY_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(staging, path)  # never replaces a key another build made first
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            os.replace(staging, path)
+    finally:
+        try:
+            os.unlink(staging)
+        except FileNotFoundError:
+            pass
 
 
 def pip_source_fingerprint(pip_conf: bytes, key: bytes) -> str:
@@ -314,37 +348,41 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     remote_ref = f"{options.registry.rstrip('/')}/{local_ref}" if options.registry else None
     if remote_ref:
         tags.append(remote_ref)
-    with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
-        secrets: dict[str, Path] = {}
-        if options.ca_cert is not None:
-            secrets["ca-cert"] = Path(options.ca_cert)
-        if options.pip_index_url:
-            secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
-            build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
-                secrets["pip-conf"].read_bytes(), pip_source_key())
-        if strategy == "two-phase":
-            _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
-        result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
-                              network=options.network, on_line=on_line, no_cache=options.no_cache)
-        policy = policy_for(recipe, stack, matrix, secrets)
-        secret_names = list(secrets)
-    policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
-    try:
-        report = verify_image(local_ref, policy)
-    except ValidationFailed:
-        for ref in tags:  # a rejected image keeps no name that could be pushed or run
-            engine.remove_image(ref)
-        raise
-    # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
-    # a disagreement rejects the image like verify does, and the measured values become labels.
-    from imgfab.payload import measure as payload  # noqa: PLC0415
-    try:
-        measured = payload.check_image(local_ref, stack.to_dict(), matrix, engine=engine)
-    except ValidationFailed:
-        for ref in tags:
-            engine.remove_image(ref)
-        raise
-    relabelled = engine.add_labels(local_ref, measured.labels, tags)
+    # From the build until verify and the payload check pass, the tags name an unverified
+    # image: an interrupt or a failure in between takes back every tag the build moved.
+    with UnverifiedTags(tags) as hold:
+        with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
+            secrets: dict[str, Path] = {}
+            if options.ca_cert is not None:
+                secrets["ca-cert"] = Path(options.ca_cert)
+            if options.pip_index_url:
+                secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
+                build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
+                    secrets["pip-conf"].read_bytes(), pip_source_key())
+            if strategy == "two-phase":
+                _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
+            result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
+                                  network=options.network, on_line=on_line, no_cache=options.no_cache)
+            policy = policy_for(recipe, stack, matrix, secrets)
+            secret_names = list(secrets)
+        policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
+        try:
+            report = verify_image(local_ref, policy)
+        except ValidationFailed:
+            for ref in tags:  # a rejected image keeps no name that could be pushed or run
+                engine.remove_image(ref)
+            raise
+        # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
+        # a disagreement rejects the image like verify does, and the measured values become labels.
+        from imgfab.payload import measure as payload  # noqa: PLC0415
+        try:
+            measured = payload.check_image(local_ref, stack.to_dict(), matrix, engine=engine)
+        except ValidationFailed:
+            for ref in tags:
+                engine.remove_image(ref)
+            raise
+        relabelled = engine.add_labels(local_ref, measured.labels, tags)
+        hold.verified()
     report.notes.extend(measured.notes)
     size = int(engine.inspect_image(local_ref).get("Size") or 0)
     built = BuiltImage(

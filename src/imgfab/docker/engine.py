@@ -255,9 +255,11 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
         log: deque[str] = deque(maxlen=_LOG_KEEP_LINES)
         started = time.monotonic()
         try:
+            # A session of its own: the CLI's plugins (docker-buildx) are in its process group,
+            # which is stopped whole when imgfab is interrupted (stop_process_group).
             process = subprocess.Popen(argv, env=_build_env(), stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, errors="replace",
-                                       bufsize=1)
+                                       bufsize=1, start_new_session=True)
         except OSError as exc:
             raise EngineError(f"cannot run {cli}: {exc}", field="engine",
                               fix="check IMGFAB_DOCKER_CLI") from None
@@ -270,9 +272,8 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
                 if on_line:
                     on_line(line)
             code = process.wait()
-        except BaseException:
-            process.kill()
-            process.wait()
+        except BaseException:  # a signal, or on_line failing: the build must not go on
+            stop_process_group(process)
             raise
         duration = time.monotonic() - started
         if code != 0:
@@ -285,6 +286,27 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
     return BuildResult(image_id=image_id, duration_s=duration,
                        steps=sorted(parser.steps.values(), key=lambda s: s.vertex),
                        log=list(log))
+
+
+# How long a stopped build's CLI gets to cancel the build on the daemon before SIGKILL.
+_STOP_GRACE_S = 10
+
+
+def stop_process_group(process: subprocess.Popen[str], grace_s: float = _STOP_GRACE_S) -> None:
+    """Stop ``process`` and every process in its group (it leads one: ``start_new_session``):
+    SIGTERM, up to ``grace_s`` for the leader to exit, then SIGKILL to whatever is left."""
+    import signal  # noqa: PLC0415
+
+    for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):  # no such group: stop the leader alone
+            if process.poll() is None:
+                process.send_signal(signum)
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _build_failure(parser: BuildLogParser, log: list[str], code: int) -> str:

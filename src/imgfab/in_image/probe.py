@@ -63,6 +63,7 @@ import argparse
 import fnmatch
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,6 +261,15 @@ def check_shm(facts: ImageFacts, shm_path: str) -> list[Finding]:
                                   f"{-(-need // 2**30)}g or --ipc=host"), FAIL, HOST)]
 
 
+def _regular_file(path: str) -> bool:
+    """Whether ``path`` is a regular file, after symbolic links (a Hugging Face cache links
+    each file to its blob). ``stat`` never opens it, so a FIFO cannot block the probe."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def check_weights(facts: ImageFacts) -> list[Finding]:
     mount = facts.model_mount
     if not mount:
@@ -276,15 +286,22 @@ def check_weights(facts: ImageFacts) -> list[Finding]:
                                                         f"{exc.strerror}",
                                       f"make {mount} readable by uid {os.getuid()}"),
                         FAIL, HOST)]
-    missing, unreadable = [], []
+    missing, unreadable, irregular = [], [], []
     for alternatives in facts.weights_required:
         matches = [n for n in sorted(names) if any(fnmatch.fnmatch(n, p) for p in alternatives)]
         if not matches:
             missing.append("|".join(alternatives))
+        irregular += [n for n in matches if not _regular_file(os.path.join(mount, n))]
         unreadable += [n for n in matches if not os.access(os.path.join(mount, n), os.R_OK)]
     if missing:
         return [Finding(rules.Verdict(False, "weights", f"{mount} has no {', no '.join(missing)}",
                                       f"{fix_mount}, holding the full model"), FAIL, HOST)]
+    if irregular:  # a directory or a FIFO named config.json would hang or fail the server later
+        return [Finding(rules.Verdict(False, "weights", f"{mount}: "
+                                                        f"{', '.join(irregular[:3])} is not a "
+                                                        f"regular file",
+                                      f"{fix_mount}, holding the model's files as they were "
+                                      f"downloaded"), FAIL, HOST)]
     if unreadable:
         return [Finding(rules.Verdict(False, "weights", f"{mount}: cannot read "
                                                         f"{', '.join(unreadable[:3])}",

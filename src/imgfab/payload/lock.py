@@ -20,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 import tomllib
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 from imgfab.in_image import stage
-from imgfab.errors import CompatibilityError, NetworkError, RecipeError
+from imgfab.errors import CompatibilityError, HostError, NetworkError, RecipeError
 from imgfab.matrix.compat import tensorrt_pin
 from imgfab.payload.checks import (check_cuda_majors, check_file_collisions, check_indexes,
                                    check_packages, check_torch_cuda, torch_cuda_major)
@@ -114,12 +115,19 @@ def _installer_line(data: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- resolving
 
 
+# uv's own words for a failure of this machine rather than of the payload: its cache
+# (`Failed to initialize cache at …`, `Failed to write to the client cache`, …) or any other
+# operating-system error (`… (os error 28)`: no space left, permission denied).
+_UV_HOST_FAILURE = re.compile(r"Failed to (initialize|write to the client|read from the client) "
+                              r"cache|\(os error \d+\)")
+
+
 def uv_binary() -> str:
     try:
         from uv import find_uv_bin  # noqa: PLC0415
     except ImportError:
-        raise RecipeError("uv is not installed", field="imgfab lock",
-                          fix="pip install uv (it is in imgfab's test extras)") from None
+        raise HostError("uv is not installed", field="imgfab lock",
+                        fix="pip install uv (it is in imgfab's test extras)") from None
     return find_uv_bin()
 
 
@@ -153,6 +161,10 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
             if "Failed to fetch" in message or "error sending request" in message:
                 raise NetworkError(f"uv could not reach an index: {message}", field="lock",
                                    fix="check the network, or pass --index-url MIRROR")
+            if _UV_HOST_FAILURE.search(message):  # this machine, not the payload (issue 21)
+                raise HostError(f"uv failed on this machine: {message}", field="lock",
+                                fix="make UV_CACHE_DIR (default ~/.cache/uv) a writable "
+                                    "directory with free space")
             raise CompatibilityError(f"the payload {' '.join(request.pins)} does not resolve for "
                                      f"Python {request.python} on {request.platform}: {message}",
                                      field="lock")
@@ -314,9 +326,15 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
 
 
 def _write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename; an interrupt or a full disk on the way
+    leaves the old lock whole and no temporary file beside it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass

@@ -109,6 +109,10 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
                                  compat_dir=compat_dir, lock_dir=lock_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
-    staging.write_text(json.dumps(definition, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(staging, path)
+    try:
+        staging.write_text(json.dumps(definition, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(staging, path)
+    except BaseException:  # an interrupt or a full disk: the old file stays, no partial beside it
+        staging.unlink(missing_ok=True)
+        raise
     return path

@@ -41,7 +41,7 @@ if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
 fi
 
 if [ "$#" -gt 0 ]; then
-    exec "$@"
+    exec -- "$@"
 fi
 
 # The TensorRT engine lives in the cache volume under its key (GPU compute capability,

@@ -41,7 +41,7 @@ if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
 fi
 
 if [ "$#" -gt 0 ]; then
-    exec "$@"
+    exec -- "$@"
 fi
 
 case "${IMGFAB_PRESET:-long-context}" in
