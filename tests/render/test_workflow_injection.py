@@ -79,6 +79,8 @@ def test_hostile_recipe_file_is_refused_at_the_cli(tmp_path, name):
     checkout = _repo_with(tmp_path, name, "recipes/x.yaml")
     line = _one_line_refusal(imgfab("ci", "github", name, cwd=checkout), "RECIPES (argument 1)")
     assert "${{" not in line
+    if "$" in name:  # named, the first character that is wrong, not the value
+        assert "character '$' at position" in line, line
 
 
 def test_a_hostile_recipe_in_the_default_glob_is_refused(tmp_path):
@@ -88,8 +90,9 @@ def test_a_hostile_recipe_in_the_default_glob_is_refused(tmp_path):
 
 def test_an_absolute_recipe_path_is_refused(tmp_path):
     checkout = _repo_with(tmp_path, "recipes/x.yaml")
-    _one_line_refusal(imgfab("ci", "github", str(checkout / "recipes/x.yaml"), cwd=checkout),
-                      "RECIPES (argument 1)")
+    line = _one_line_refusal(imgfab("ci", "github", str(checkout / "recipes/x.yaml"), cwd=checkout),
+                             "RECIPES (argument 1)")
+    assert "absolute path" in line
 
 
 def test_two_recipes_with_one_stem_are_refused(tmp_path):
