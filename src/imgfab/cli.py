@@ -643,7 +643,8 @@ def ci() -> None:
 @ci.command("github")
 @click.argument("recipes", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--registry", "registry_host", default="ghcr.io", show_default=True,
-              help="Registry the tag builds push to (ghcr.io: under the repository owner).")
+              help="Registry HOST[:PORT][/PATH] the tag builds push to (ghcr.io: under the "
+                   "repository owner).")
 @click.option("--gpu-runner", help="Self-hosted GPU runner label for TensorRT engine recipes "
                                    "(default: build them with --engine-at-start).")
 def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None) -> None:

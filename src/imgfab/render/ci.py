@@ -26,6 +26,12 @@ Every action is pinned by the commit of a release tag (:data:`ACTIONS`: the tag 
 never by a movable tag. cosign is pinned to 2.5.0, the release the local stack verifies with
 (cosign-installer's own default is a 3.x release, whose new bundle format 2.5 does not read
 by default). The workflow is checked by actionlint in the tests.
+
+Nothing from the command line is spliced into a script: every value a ``run:`` step uses
+reaches its shell through ``env:`` (GitHub's "intermediate environment variable" guidance),
+:func:`run_step` refuses a script holding ``${{``, and the values themselves (registry, recipe
+paths and stems, runner label, Python version) are checked by :mod:`imgfab.render.ci_values`
+before anything is rendered, so none of them can form an expression anywhere in the file.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from typing import Any
 
 import yaml
 
-from imgfab.errors import RecipeError
+from imgfab.render.ci_values import (check_python, check_recipe_path, check_recipe_stems,
+                                     check_registry, check_runner_label)
 
 TAG_PUSH = "github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
 REPORT = "imgfab-report.json"
@@ -71,49 +78,66 @@ WATCHED = ["recipes/**", "compat/**", "templates/**", "src/**", "pyproject.toml"
            ".github/workflows/**"]
 
 
+def run_step(name: str, script: str, env: dict[str, str] | None = None, **keys: Any) -> dict[str, Any]:
+    """A ``run:`` step. ``script`` reads every value from its environment (``env``: where an
+    expression may stand); an expression inside the script itself is a bug, refused here."""
+    if "${{" in script:
+        raise ValueError(f"step {name!r}: an expression inside run:; pass it through env:")
+    return {"name": name, **keys, **({"env": env} if env else {}), "run": script}
+
+
 def recipe_matrix(recipes: list[str] | None) -> list[dict[str, str]]:
     """``[{"name": stem, "recipe": path, "engine": "true"|"false"}]`` for ``recipes``
-    (default: ``recipes/*.yaml``). ``engine`` says the recipe compiles a TensorRT engine."""
+    (default: ``recipes/*.yaml``). ``engine`` says the recipe compiles a TensorRT engine.
+    Each path is checked (:func:`~imgfab.render.ci_values.check_recipe_path`) before it is read."""
     from imgfab.recipe import load_recipe  # noqa: PLC0415
 
-    paths = sorted(recipes) if recipes else sorted(p.as_posix() for p in Path("recipes").glob("*.yaml"))
+    paths = recipes if recipes else [p.as_posix() for p in Path("recipes").glob("*.yaml")]
+    checked = sorted(check_recipe_path(path, index) for index, path in enumerate(paths, 1))
+    check_recipe_stems([stem for _, stem in checked])
     rows = []
-    for path in paths:
+    for path, stem in checked:
         recipe = load_recipe(path)
-        rows.append({"name": Path(path).stem, "recipe": Path(path).as_posix(),
+        rows.append({"name": stem, "recipe": path,
                      "engine": "true" if recipe.backend.trtllm_path == "engine" else "false"})
     return rows
 
 
-def _registry_steps(registry: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Steps that set IMGFAB_REGISTRY (and log in), and the env the push step needs."""
+# GHCR's repository is the owner's name lower-cased (no expression function lower-cases): a
+# name GitHub allows is [A-Za-z0-9-]; anything else stops the job before GITHUB_ENV is written.
+GHCR_OWNER = """\
+case "$OWNER" in ""|*[!A-Za-z0-9-]*) echo "unexpected repository owner" >&2; exit 1;; esac
+echo "IMGFAB_REGISTRY=ghcr.io/${OWNER,,}" >> "$GITHUB_ENV"
+"""
+LOGIN = ('printf \'%s\' "$IMGFAB_REGISTRY_PASSWORD" | docker login "${IMGFAB_REGISTRY%%/*}" '
+         '--username "$IMGFAB_REGISTRY_USER" --password-stdin')
+
+
+def _registry_steps(registry: str) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, str]]:
+    """The steps that set IMGFAB_REGISTRY (GHCR) and log in, the job's env (another registry:
+    IMGFAB_REGISTRY itself, as data, never through a shell) and the env the push step needs."""
     if registry == "ghcr.io":
         env = {"IMGFAB_REGISTRY_USER": "${{ github.actor }}",
                "IMGFAB_REGISTRY_PASSWORD": "${{ secrets.GITHUB_TOKEN }}"}
-        set_registry = {"name": "Registry: ghcr.io/<owner>",
-                        "env": {"OWNER": "${{ github.repository_owner }}"},
-                        "run": 'echo "IMGFAB_REGISTRY=ghcr.io/${OWNER,,}" >> "$GITHUB_ENV"'}
-        host = "ghcr.io"
+        steps = [run_step("Registry: ghcr.io/<owner>", GHCR_OWNER,
+                          {"OWNER": "${{ github.repository_owner }}"})]
+        job_env: dict[str, str] = {}
     else:
         env = {"IMGFAB_REGISTRY_USER": "${{ secrets.IMGFAB_REGISTRY_USER }}",
                "IMGFAB_REGISTRY_PASSWORD": "${{ secrets.IMGFAB_REGISTRY_PASSWORD }}"}
-        set_registry = {"name": f"Registry: {registry}",
-                        "run": f'echo "IMGFAB_REGISTRY={registry}" >> "$GITHUB_ENV"'}
-        host = registry.split("/", 1)[0]
-    login = {"name": "Log in to the registry", "env": env,
-             "run": f'printf \'%s\' "$IMGFAB_REGISTRY_PASSWORD" | docker login {host} '
-                    '--username "$IMGFAB_REGISTRY_USER" --password-stdin'}
-    return [set_registry, login], env
+        steps = []
+        job_env = {"IMGFAB_REGISTRY": registry}
+    return [*steps, run_step("Log in to the registry", LOGIN, env)], job_env, env
 
 
 def _setup(runs_on: Any, python: str) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = [
         {"uses": uses("checkout"), "with": {"persist-credentials": False}},
         {"uses": uses("setup-python"), "with": {"python-version": python}},
-        {"name": "Install imgfab", "run": "python -m pip install ."},
+        run_step("Install imgfab", "python -m pip install ."),
     ]
     if runs_on == "ubuntu-latest":
-        steps.append({"name": "Free the runner's disk for a multi-GB image", "run": FREE_DISK})
+        steps.append(run_step("Free the runner's disk for a multi-GB image", FREE_DISK))
     return steps
 
 
@@ -124,17 +148,17 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
     build = 'imgfab build "$RECIPE"' + (" --engine-at-start" if engine_at_start else "")
     steps = _setup(runs_on, python)
     env = {"RECIPE": "${{ matrix.recipe }}"}
+    job_env: dict[str, str] = {}
     if push:
-        registry_steps, secret_env = _registry_steps(registry)
+        registry_steps, job_env, secret_env = _registry_steps(registry)
         steps += registry_steps
         env |= secret_env
         run = (build + ' --push --registry "$IMGFAB_REGISTRY/' + STAGING + '" --output "build/$NAME"'
                ' --registry-user "$IMGFAB_REGISTRY_USER" --json > ' + REPORT)
         env["NAME"] = "${{ matrix.name }}"
-        steps.append({"name": "Build, verify and push the candidate", "env": env, "run": run})
+        steps.append(run_step("Build, verify and push the candidate", run, env))
     else:
-        steps.append({"name": "Build and verify (no push)", "env": env,
-                      "run": build + " --json > " + REPORT})
+        steps.append(run_step("Build and verify (no push)", build + " --json > " + REPORT, env))
     steps.append({"name": "Upload the build report", "if": "always()",
                   "uses": uses("upload-artifact"),
                   "with": {"name": "imgfab-report-${{ matrix.name }}",
@@ -146,6 +170,7 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
         "runs-on": runs_on,
         "timeout-minutes": 180 if runs_on != "ubuntu-latest" else 120,
         "permissions": {"contents": "read", "packages": "write"} if push else {"contents": "read"},
+        **({"env": job_env} if job_env else {}),
         # Copies: a list shared between jobs would be dumped as a YAML alias, which Actions refuses.
         "strategy": {"fail-fast": False, "matrix": {"include": [dict(row) for row in matrix]}},
         "steps": steps,
@@ -173,21 +198,20 @@ echo "promoted $staged to $target: $promoted" >> "$GITHUB_STEP_SUMMARY"
 def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
                  python: str) -> dict[str, Any]:
     """Promote each candidate's digest and sign it keylessly: no build, no GPU needed."""
-    registry_steps, secret_env = _registry_steps(registry)
+    registry_steps, job_env, secret_env = _registry_steps(registry)
     steps = _setup("release", python)
     steps += [
         {"uses": uses("setup-oras"), "with": {"version": ORAS_VERSION}},
         {"uses": uses("cosign-installer"), "with": {"cosign-release": COSIGN_RELEASE}},
         {"uses": uses("download-artifact"), "with": {"name": "imgfab-report-${{ matrix.name }}"}},
         *registry_steps,
-        {"name": "Promote the candidate's digest, sign and attest it",
-         "env": {"NAME": "${{ matrix.name }}",
-                 # the identity Fulcio puts in a workflow run's certificate: the workflow
-                 # file at the ref it ran from (.github/workflows/images.yml, as rendered)
-                 "IDENTITY": "${{ github.server_url }}/${{ github.repository }}/"
-                             ".github/workflows/images.yml@${{ github.ref }}",
-                 **secret_env},
-         "run": PROMOTE},
+        run_step("Promote the candidate's digest, sign and attest it", PROMOTE,
+                 {"NAME": "${{ matrix.name }}",
+                  # the identity Fulcio puts in a workflow run's certificate: the workflow
+                  # file at the ref it ran from (.github/workflows/images.yml, as rendered)
+                  "IDENTITY": "${{ github.server_url }}/${{ github.repository }}/"
+                              ".github/workflows/images.yml@${{ github.ref }}",
+                  **secret_env}),
     ]
     return {
         "name": "release ${{ matrix.name }}",
@@ -197,6 +221,7 @@ def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
         "timeout-minutes": 60,
         # id-token: write only here: the keyless signature's identity is this job's
         "permissions": {"contents": "read", "packages": "write", "id-token": "write"},
+        **({"env": job_env} if job_env else {}),
         "strategy": {"fail-fast": False, "matrix": {"include": [dict(row) for row in matrix]}},
         "steps": steps,
     }
@@ -204,10 +229,12 @@ def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
 
 def github_workflow_dict(recipes: list[str] | None = None, *, registry: str = "ghcr.io",
                          python: str = "3.11", gpu_runner: str | None = None) -> dict[str, Any]:
-    """The workflow as a dict (see :func:`github_workflow`)."""
-    if gpu_runner is not None and (not gpu_runner or not all(c.isalnum() or c in "-_." for c in gpu_runner)):
-        raise RecipeError(f"runner label {gpu_runner!r} is not a plain label", field="--gpu-runner",
-                          fix="a self-hosted runner label of [A-Za-z0-9._-], e.g. gpu-h100")
+    """The workflow as a dict (see :func:`github_workflow`). RecipeError for a value that
+    :mod:`imgfab.render.ci_values` refuses, before any recipe is read."""
+    check_registry(registry)
+    check_python(python)
+    if gpu_runner is not None:
+        check_runner_label(gpu_runner)
     rows = recipe_matrix(recipes)
     plain = [r for r in rows if r["engine"] == "false"]
     engines = [r for r in rows if r["engine"] == "true"]
