@@ -70,6 +70,7 @@ class LayerLine:
     group: str  # "cuda-1"
     size: str  # "1.90 GB", as planned
     names: tuple[str, ...]
+    line: int = 0
 
 
 @dataclass
@@ -207,7 +208,7 @@ def _header_line(parsed: ParsedLock, line: str, number: int, source: str) -> Non
         layer = _LAYER.match(line)
         if not layer:
             raise _refuse(source, number, "a '# layer' line not of the form '# layer <group>-<n> (<size>): names'")
-        parsed.layers.append(LayerLine(layer.group(1), layer.group(2), tuple(layer.group(3).split())))
+        parsed.layers.append(LayerLine(layer.group(1), layer.group(2), tuple(layer.group(3).split()), number))
         return
     match = _HEADER.match(line)
     key = match.group(1) if match else ""
@@ -234,8 +235,8 @@ def _check_layers(parsed: ParsedLock, source: str) -> None:
     pinned = {e.name for e in parsed.entries}
     placed: dict[str, str] = {}
     groups = set()
-    number = parsed.lines.get("title", 1)
     for layer in parsed.layers:
+        number = layer.line
         if layer.group in groups:
             raise _refuse(source, number, f"layer {layer.group} is named twice")
         groups.add(layer.group)
