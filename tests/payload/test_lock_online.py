@@ -204,3 +204,19 @@ def test_online_needs_check():
     result = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock", "--online",
                              str(REPO / "recipes" / f"{RECIPE}.yaml")], capture_output=True, text=True)
     assert result.returncode == 2 and "--online" in result.stderr
+
+
+def test_every_building_job_checks_the_lock_online_before_it_builds():
+    import yaml
+
+    from imgfab.render.ci import github_workflow
+
+    workflow = yaml.safe_load(github_workflow())
+    building = {name: job for name, job in workflow["jobs"].items()
+                if any("imgfab build" in step.get("run", "") for step in job["steps"])}
+    assert building
+    for name, job in building.items():
+        runs = [step.get("run", "") for step in job["steps"]]
+        check = runs.index('imgfab lock --check --online "$RECIPE"')
+        assert check < next(i for i, run in enumerate(runs) if "imgfab build" in run), name
+        assert job["steps"][check]["env"] == {"RECIPE": "${{ matrix.recipe }}"}

@@ -124,6 +124,10 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
     build = 'imgfab build "$RECIPE"' + (" --engine-at-start" if engine_at_start else "")
     steps = _setup(runs_on, python)
     env = {"RECIPE": "${{ matrix.recipe }}"}
+    # Offline --check (inside build) proves the lock unedited, not unforged: every pinned hash
+    # is compared with the index's own before anything is built from it.
+    steps.append({"name": "Check the lock's hashes against the index", "env": {"RECIPE": "${{ matrix.recipe }}"},
+                  "run": 'imgfab lock --check --online "$RECIPE"'})
     if push:
         registry_steps, secret_env = _registry_steps(registry)
         steps += registry_steps
