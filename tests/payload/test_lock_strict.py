@@ -263,3 +263,35 @@ def test_the_committed_lock_still_checks_and_round_trips():
     text = (REPO / "recipes" / f"{RECIPE}.lock").read_text()
     parsed = Lock.parse(text)
     assert len(parsed.packages) == 179 and parsed.layers()[0] == "venv" and parsed.parsed.collisions
+
+
+def test_build_with_a_lock_file_refuses_an_unreviewed_collision_path(tmp_path, matrix):
+    """``build --lock FILE`` skips the committed lock's header comparison (a lock for another
+    platform or index); the builder's file still names only reviewed collision paths."""
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.resolve import resolve
+
+    recipe_path = _workspace(tmp_path, lambda t: t)
+    text = (REPO / "recipes" / f"{RECIPE}.lock").read_text()
+    (tmp_path / "other.lock").write_text(text.replace("# collisions-cut: build_backend.py",
+                                                      "# collisions-cut: ../../../../usr/bin/python3", 1))
+    (tmp_path / "unreviewed.lock").write_text(text.replace("# collisions-cut: build_backend.py",
+                                                           "# collisions-cut: vllm/__init__.py", 1))
+    recipe = load_recipe(recipe_path)
+    stack = resolve(recipe, matrix).stack
+    with pytest.raises(RecipeError, match=r"other\.lock:\d+: the '# collisions-cut:' line names a path outside"):
+        lockmod.load_for_build(str(recipe_path), recipe, stack, tmp_path / "other.lock")
+    with pytest.raises(RecipeError, match="vllm/__init__.py, which compat/payload.yaml"):
+        lockmod.load_for_build(str(recipe_path), recipe, stack, tmp_path / "unreviewed.lock")
+
+
+@pytest.mark.parametrize("key", ["index", "installer", "serves"])
+def test_render_refuses_a_forged_header(tmp_path, key, matrix):
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.resolve import resolve
+
+    recipe_path = _workspace(tmp_path, _header_edit(key))
+    recipe = load_recipe(recipe_path)
+    stack = resolve(recipe, matrix).stack
+    with pytest.raises(RecipeError, match=rf"{RECIPE}\.lock:\d+: its '# {key}:' line"):
+        lockmod.committed_lock(recipe_path, recipe, stack)
