@@ -33,7 +33,10 @@ from imgfab.errors import RecipeError
 _KEYS = frozenset({"fingerprint", "stack", "target", "requested", "index", "installer", "resolver",
                    "refused", "installed", "serves", "cubins-cut", "cut", "collisions-cut", "kept"})
 _REPEATED = frozenset({"index", "cut"})
-_TITLE = re.compile(r"^# imgfab lock for recipe [a-z0-9][a-z0-9-]*: written by `imgfab lock`, do not edit\.$")
+_TITLE = re.compile(r"^# imgfab lock for recipe [a-z0-9][a-z0-9-]*: written by `imgfab lock`, do not edit\.$"
+                    # the builder's requirements.lock, which requirements_text writes
+                    r"|^# requirements of recipe [a-z0-9][a-z0-9-]*, written by imgfab from its lock "
+                    r"\(fingerprint [0-9a-f]*\): name==version with its hashes, nothing else$")
 _HEADER = re.compile(r"^# ([a-z-]+): (.*)$")
 _LAYER = re.compile(r"^# layer ([a-z]+-[0-9]+) \(([0-9]+(?:\.[0-9]+)? (?:B|MB|GB)"
                     r"(?: single package over the limit)?)\): ([a-z0-9 -]*)$")
