@@ -517,7 +517,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, upgrade: bool, ind
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
                 continue
             compared = ""
-            if online and result.lock is not None:
+            if online and result.lock is not None and result.lock.packages:
                 count = check_online(result.lock, index_url=index_url, source=result.path.name)
                 compared = f"; {count} hashes match the index"
             if result.note:
