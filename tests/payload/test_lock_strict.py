@@ -98,6 +98,29 @@ def _line_of(text: str, needle: str) -> int:
     return next(n for n, line in enumerate(text.split("\n"), start=1) if line == needle)
 
 
+def _expected_what(line: str) -> str:
+    """The refusal each attack line must get: the kind of line, named."""
+    if line.startswith("evil==1.0 "):
+        return "text after the pin ("
+    if line.startswith(("-r", "--requirement", "-c")):
+        return "an include ("
+    if line.startswith("-e"):
+        return "an editable requirement (-e)"
+    if line.startswith("-"):
+        return f"an option line ({line.split()[0].split('=')[0]})"
+    if line.startswith("    --hash="):
+        return "a --hash line with no pin"
+    if line.startswith("#"):
+        return "a comment below the pins"
+    if "@" in line:
+        return "a URL requirement (evil @"
+    if ";" in line:
+        return "an environment marker"
+    if "/" in line or line.endswith((".whl", ".tar.gz")):
+        return "a path or archive requirement"
+    return "not a name==version line"
+
+
 @pytest.mark.parametrize("line", BODY_ATTACKS)
 def test_lock_check_refuses_every_line_that_is_not_a_pin_naming_it(tmp_path, line):
     recipe = _workspace(tmp_path, _after_pin(line))
@@ -105,7 +128,7 @@ def test_lock_check_refuses_every_line_that_is_not_a_pin_naming_it(tmp_path, lin
     assert result.returncode == 2, (line, result.stdout, result.stderr)
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     number = _line_of((tmp_path / f"{RECIPE}.lock").read_text(), line)
-    assert f"{RECIPE}.lock:{number}:" in result.stderr, result.stderr
+    assert f"{RECIPE}.lock:{number}: {_expected_what(line)}" in result.stderr, result.stderr
     assert "imgfab lock RECIPE" in result.stderr
 
 

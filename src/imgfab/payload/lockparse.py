@@ -193,7 +193,8 @@ def parse_lock(text: str, source: str = "lock") -> ParsedLock:
         elif rest in ("", "  " + _UNHASHED):
             parsed.entries.append(LockEntry(name, entry.group("version"), (), number))
         else:
-            raise _refuse(source, number, _what_is_wrong(rest) if rest.strip() else
+            raise _refuse(source, number, f"text after the pin ({_what_is_wrong(rest)}); imgfab writes "
+                                          "each --hash on a line of its own" if rest.strip() else
                           "trailing spaces after the pin")
     if open_entry is not None:
         raise _refuse(source, open_entry[3], "the pin ends in '\\' but no --hash line follows")
