@@ -490,6 +490,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--check", is_flag=True,
               help="Offline: exit 1 naming each recipe whose lock is missing or stale.")
+@click.option("--online", is_flag=True,
+              help="With --check: also compare every pinned hash with the index's own (network).")
 @click.option("--upgrade", is_flag=True, help="Re-resolve even a fresh lock; print what changed.")
 @click.option("--index-url", help="Resolve from this index only (a mirror; the tests' fake index).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
@@ -497,23 +499,32 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
 @click.option("--python-version", help="Lock for this Python instead of the stack's (with --output).")
 @click.option("--python-platform", help="Lock for this uv platform, e.g. x86_64-manylinux_2_36 (with --output).")
 @compat_option
-def lock(recipes: tuple[str, ...], check: bool, upgrade: bool, index_url: str | None,
+def lock(recipes: tuple[str, ...], check: bool, online: bool, upgrade: bool, index_url: str | None,
          output: str | None, python_version: str | None, python_platform: str | None,
          compat_dir: str | None) -> None:
     """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock."""
     from imgfab.payload.lock import check_lock, lock_recipe
 
     compat_path = Path(compat_dir) if compat_dir else None
+    if online and not check:
+        raise RecipeError("--online is a kind of --check", field="--online", fix="imgfab lock --check --online RECIPE")
     if check:
+        from imgfab.payload.online import check_online
+
         failed = []
         for path in recipes:
             result = check_lock(path, compat_path)
             if result.problem:
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
-            elif result.note:
-                click.echo(f"{result.recipe}: lock current; {result.note}")
+                continue
+            compared = ""
+            if online and result.lock is not None and result.lock.packages:
+                count = check_online(result.lock, index_url=index_url, source=result.path.name)
+                compared = f"; {count} hashes match the index"
+            if result.note:
+                click.echo(f"{result.recipe}: lock current{compared}; {result.note}")
             else:
-                click.echo(f"{result.recipe}: lock current")
+                click.echo(f"{result.recipe}: lock current{compared}")
         if failed:
             click.echo(f"imgfab: lock: missing or stale: {'; '.join(failed)}; fix: run "
                        f"`imgfab lock RECIPE` and commit the lock", err=True)

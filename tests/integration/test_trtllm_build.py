@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from imgfab.render import trtllm
-from imgfab.payload.lock import Lock
+from imgfab.payload.lock import load_for_build
 from imgfab.recipe import load_recipe
 from imgfab.render.context import render_context, write_context
 from imgfab.stack.resolve import resolve
@@ -127,7 +127,7 @@ def builder(index, tmp_path_factory, matrix):
     locked = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock", str(RECIPE), "--index-url",
                              index, "--output", str(lock_file)], capture_output=True, text=True)
     assert locked.returncode == 0, locked.stderr
-    lock = Lock.parse(lock_file.read_text())
+    lock = load_for_build(str(RECIPE), recipe, stack, lock_file)  # parsed strictly, bound to compat/payload.yaml
     context = write_context(render_context(recipe, stack, matrix, lock=lock), work / "ctx")
     pip_conf = work / "pip.conf"
     pip_conf.write_text(f"[global]\nindex-url = {index}\ntimeout = 3\nretries = 0\n")

@@ -38,13 +38,13 @@ from imgfab.payload.checks import (check_cuda_majors, check_file_collisions, che
                                    check_packages, check_torch_cuda, torch_cuda_major)
 from imgfab.payload.lockfile import (_CUDA_WHEEL, _DEFAULT_INDEX, LAYER_LIMIT, PLAN_LIMIT, IndexPin,
                                      Lock, LockedPackage, PayloadRequest, format_lock, layer_plan,
-                                     lock_diff, reviewed_collisions)
+                                     lock_diff, lock_fingerprint, reviewed_collisions)
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["LAYER_LIMIT", "PLAN_LIMIT", "Lock", "LockedPackage", "PayloadRequest", "IndexPin",
            "check_cuda_majors", "check_file_collisions", "check_indexes", "check_lock",
-           "check_packages", "check_torch_cuda", "committed_lock", "format_lock", "layer_plan",
-           "load_for_build", "lock_diff", "lock_path", "lock_recipe", "payload_request",
+           "check_header", "check_packages", "check_torch_cuda", "committed_lock", "format_lock", "layer_plan",
+           "load_for_build", "lock_diff", "lock_fingerprint", "lock_path", "lock_recipe", "payload_request",
            "requirement_pins", "reviewed_collisions", "served_stack", "torch_cuda_major"]
 
 
@@ -302,8 +302,8 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
         current = dict(pin.split("==", 1) for pin in request.pins)
         request = replace(request, pins=tuple(sorted(f"{n}=={v}" for n, v in (current | extra_pins).items())))
     path = output or lock_path(recipe_path, recipe.name)
-    old = Lock.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
-    if old and not upgrade and old.fingerprint == request.fingerprint() and not old.refused:
+    old = _readable_lock(path)
+    if old and not upgrade and _is_fresh(old, request) and not old.refused:
         return LockResult(path, old, [], False)
     uv = uv_binary()
     refused = _unreachable_refusal(request, stack, index_url)
@@ -325,6 +325,52 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
     return LockResult(path, new, lock_diff(old, new), True)
 
 
+def _readable_lock(path: Path) -> Lock | None:
+    """The lock at ``path`` to diff against and maybe keep; None when absent or not a lock
+    (an edited file is what `imgfab lock` rewrites)."""
+    if not path.is_file():
+        return None
+    try:
+        return Lock.parse(path.read_text(encoding="utf-8"), path.name)
+    except RecipeError:
+        return None
+
+
+def _is_fresh(lock: Lock, request: PayloadRequest) -> bool:
+    """Does ``lock``'s fingerprint match the request and every line of the file?"""
+    return lock.fingerprint == lock_fingerprint(request, lock.text)
+
+
+# The header lines that record what compat/payload.yaml and the recipe decide; --check
+# compares each with what they give now (the builder reads none of them).
+_RECORDED = ("stack", "target", "requested", "index", "installer")
+
+
+def check_header(lock: Lock, request: PayloadRequest, source: str, recipe_path: str) -> None:
+    """Refuse (RecipeError) a header line that records another index, installer, target,
+    pins or served GPU than compat/payload.yaml and the recipe give."""
+    expected = Lock.parse(format_lock(request, [], uv_version="0", refused="-")).parsed
+    recorded = lock.parsed
+    for key in _RECORDED:
+        if recorded.header.get(key, []) != expected.header.get(key, []):
+            line = recorded.lines.get(key, 1)
+            raise RecipeError(f"{source}:{line}: its '# {key}:' lines record "
+                              f"{' | '.join(recorded.header.get(key, [])) or 'nothing'}, compat/payload.yaml "
+                              f"and the recipe give {' | '.join(expected.header.get(key, [])) or 'nothing'}",
+                              field="lock", fix=f"run `imgfab lock {recipe_path}` and commit the lock")
+    if not lock.refused and recorded.serves != request.serves:
+        raise RecipeError(f"{source}:{recorded.lines.get('serves', 1)}: its '# serves:' line records "
+                          f"{' '.join(recorded.serves) or 'nothing'}, the recipe's GPU is "
+                          f"{' '.join(request.serves)}", field="lock",
+                          fix=f"run `imgfab lock {recipe_path}` and commit the lock")
+    allowed = {path for path, _ in request.collisions_allowed}
+    for path in recorded.collisions:
+        if path not in allowed:
+            raise RecipeError(f"{source}:{recorded.lines.get('collisions-cut', 1)}: its '# collisions-cut:' "
+                              f"line names {path}, which compat/payload.yaml does not review", field="lock",
+                              fix=f"run `imgfab lock {recipe_path}` and commit the lock")
+
+
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` in one rename; an interrupt or a full disk on the way
     leaves the old lock whole and no temporary file beside it."""
@@ -343,10 +389,15 @@ class CheckResult:
     path: Path
     problem: str  # "" when fresh
     note: str = ""  # refused / unhashed names, for a fresh lock
+    lock: Lock | None = None  # the fresh lock, bound to the request it was checked against
 
 
 def check_lock(recipe_path: str, compat_dir: Path | None = None) -> CheckResult:
-    """Offline: compare the committed lock's fingerprint with the recipe and matrix."""
+    """Offline: parse the committed lock strictly, compare its fingerprint with the recipe,
+    the matrix and the file's own lines, and its recorded header with compat/payload.yaml.
+
+    A line that is not imgfab's lock format, or a header recording another index, installer or
+    served GPU, is RecipeError (exit 2); a missing or stale lock is a ``problem``."""
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
@@ -357,30 +408,36 @@ def check_lock(recipe_path: str, compat_dir: Path | None = None) -> CheckResult:
     path = lock_path(recipe_path, recipe.name)
     if not path.is_file():
         return CheckResult(recipe.name, path, "missing")
-    lock = Lock.parse(path.read_text(encoding="utf-8"))
-    if lock.fingerprint != request.fingerprint():
-        return CheckResult(recipe.name, path, f"stale (its fingerprint {lock.fingerprint[:12] or 'none'}, "
-                                              f"the recipe and matrix give {request.fingerprint()[:12]})")
+    lock = Lock.parse(path.read_text(encoding="utf-8"), path.name)
+    expected = lock_fingerprint(request, lock.text)
+    if lock.fingerprint != expected:
+        return CheckResult(recipe.name, path, f"stale or edited (its fingerprint {lock.fingerprint[:12] or 'none'}, "
+                                              f"the recipe, matrix and its lines give {expected[:12]})")
+    check_header(lock, request, path.name, recipe_path)
     note = f"refused: {lock.refused}" if lock.refused else ""
     if lock.unhashed:
         note = f"unhashed (index unreachable): {' '.join(lock.unhashed)}"
-    return CheckResult(recipe.name, path, "", note)
+    return CheckResult(recipe.name, path, "", note, lock.bind(request))
 
 
 def load_for_build(recipe_path: str, recipe: Any, stack: Any, lock_file: Path | None = None,
                    compat_dir: Path | None = None) -> Lock:
     """The lock a build installs: ``lock_file`` as given, or the recipe's committed lock,
-    which must be fresh. Refused, missing or stale locks are :class:`RecipeError` (exit 2)."""
+    which must be fresh. Refused, missing or stale locks are :class:`RecipeError` (exit 2).
+
+    Either is parsed strictly and bound to the recipe's :class:`PayloadRequest`: the builder
+    takes its installer, index and served GPUs from compat/payload.yaml, never from the file."""
+    request = payload_request(recipe, stack, compat_dir)
     if lock_file is not None:
         if not Path(lock_file).is_file():
             raise RecipeError(f"{lock_file} is not a file", field="--lock", fix="give a lock file")
-        lock = Lock.parse(Path(lock_file).read_text(encoding="utf-8"))
+        lock = Lock.parse(Path(lock_file).read_text(encoding="utf-8"), Path(lock_file).name).bind(request)
     else:
         result = check_lock(recipe_path, compat_dir)
-        if result.problem:
+        if result.problem or result.lock is None:
             raise RecipeError(f"{result.path} is {result.problem}", field="lock",
                               fix=f"run `imgfab lock {recipe_path}` and commit the lock")
-        lock = Lock.parse(result.path.read_text(encoding="utf-8"))
+        lock = result.lock.bind(request)
     if lock.refused:
         raise CompatibilityError(lock.refused, field=f"lock {recipe.name}",
                                  fix="see compat/payload.yaml indexes")
@@ -389,6 +446,7 @@ def load_for_build(recipe_path: str, recipe: Any, stack: Any, lock_file: Path | 
                           fix="lock where their index answers")
     if not lock.packages:
         raise RecipeError("the lock names no packages", field="lock", fix=f"run `imgfab lock {recipe_path}`")
+    lock.requirements()  # refuses an unreviewed collisions-cut path before anything is built
     return lock
 
 
@@ -402,12 +460,15 @@ def served_stack(stack: Any, lock: Lock | None) -> Any:
 
 def committed_lock(recipe_path: str | Path, recipe: Any, stack: Any,
                    compat_dir: Path | None = None) -> Lock | None:
-    """The recipe's committed lock when it is fresh and installable; None otherwise."""
+    """The recipe's committed lock when it is fresh and installable, bound to the recipe's
+    request; None otherwise. A file that is not imgfab's lock format, or whose header records
+    another index, installer or served GPU, is RecipeError (exit 2), not None."""
     path = lock_path(recipe_path, recipe.name)
     if not path.is_file():
         return None
-    lock = Lock.parse(path.read_text(encoding="utf-8"))
-    if lock.fingerprint != payload_request(recipe, stack, compat_dir).fingerprint() \
-            or lock.refused or lock.unhashed or not lock.packages:
+    request = payload_request(recipe, stack, compat_dir)
+    lock = Lock.parse(path.read_text(encoding="utf-8"), path.name)
+    if not _is_fresh(lock, request) or lock.refused or lock.unhashed or not lock.packages:
         return None
-    return lock
+    check_header(lock, request, path.name, str(recipe_path))
+    return lock.bind(request)

@@ -10,13 +10,17 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
+from imgfab.errors import RecipeError
 from imgfab.in_image import stage
+from imgfab.payload.lockparse import ParsedLock, parse_lock, requirements_text
 
 
-LOCK_FORMAT = 4  # 2: bytecode counted; 3: cubins for other GPUs cut; 4: reviewed collisions cut
+# 2: bytecode counted; 3: cubins for other GPUs cut; 4: reviewed collisions cut;
+# 5: the fingerprint covers the whole file (lock_fingerprint), not only the inputs
+LOCK_FORMAT = 5
 
 
 LAYER_LIMIT = 2_000_000_000  # bytes uncompressed per payload layer (the issue's 2 GB)
@@ -107,9 +111,28 @@ class LockedPackage:
     requires: list[str] = field(default_factory=list)  # torch only: Requires-Dist lines
 
 
+def lock_fingerprint(request: PayloadRequest, text: str) -> str:
+    """The ``# fingerprint:`` of a lock: the inputs (:meth:`PayloadRequest.fingerprint`) and
+    every other line of ``text``, header and pins, so an edited line makes the lock stale.
+
+    Everything in it is public: offline this detects an edit, not a forger who recomputes it
+    (``imgfab lock --check --online`` compares the pinned hashes with the index's)."""
+    lines = text.split("\n")
+    for number, line in enumerate(lines):
+        if line.startswith("# fingerprint: "):
+            del lines[number]
+            break
+    covered = "\n".join([request.fingerprint(), *lines])
+    return hashlib.sha256(covered.encode()).hexdigest()[:32]
+
+
 @dataclass
 class Lock:
-    """A parsed lock: header fields and ``{name: (version, hashes)}``."""
+    """A parsed lock: header fields and ``{name: (version, hashes)}``.
+
+    ``installer`` and ``index`` are what the header records; the builder never reads them.
+    What it installs with comes from ``request`` (compat/payload.yaml and the recipe), bound
+    by :meth:`bind` once the lock was checked against it: see :meth:`requirements`."""
 
     fingerprint: str
     packages: dict[str, tuple[str, list[str]]]
@@ -119,6 +142,8 @@ class Lock:
     installer: str = ""
     index: str = ""  # the first index the header names
     cubins_cut: tuple[str, ...] = ()  # "sm100f" ...: architectures whose cubins the stage cuts
+    parsed: ParsedLock = field(default_factory=ParsedLock)
+    request: PayloadRequest | None = None  # bound: what the builder installs with
 
     def serving_archs(self, archs: tuple[str, ...]) -> tuple[str, ...]:
         """``archs`` (an image's kernel architectures) without those a cut cubin was built
@@ -128,30 +153,44 @@ class Lock:
 
     def layers(self) -> list[str]:
         """The payload layer groups, in the order the runtime copies them (venv first)."""
-        return [stage.BASE_GROUP] + [m.group(1) for m in
-                                     map(stage._LAYER_LINE.match, self.text.splitlines()) if m]
+        return [stage.BASE_GROUP] + [layer.group for layer in self.parsed.layers]
+
+    def bind(self, request: PayloadRequest) -> Lock:
+        """This lock, to be installed with ``request``'s installer, index and served GPUs."""
+        return replace(self, request=request)
+
+    def _bound(self) -> PayloadRequest:
+        if self.request is None:
+            raise RecipeError("the lock was not checked against compat/payload.yaml and the recipe",
+                              field="lock", fix="load it with imgfab.payload.lock.load_for_build or committed_lock")
+        return self.request
+
+    def requirements(self) -> str:
+        """The builder's requirements.lock: the pins and hashes, re-written by imgfab."""
+        request = self._bound()
+        return requirements_text(self.parsed, recipe=request.recipe, fingerprint=self.fingerprint,
+                                 serves=request.serves,
+                                 collisions_allowed=tuple(path for path, _ in request.collisions_allowed))
+
+    def builder_installer(self) -> str:
+        """The installer line the builder pip-installs (compat/payload.yaml's, not the header's)."""
+        return self._bound().installer
+
+    def builder_index(self) -> str:
+        """The index the builder installs from unless --pip-index-url says otherwise."""
+        request = self._bound()
+        return request.indexes[0].url if request.indexes else request.default_index
 
     @classmethod
-    def parse(cls, text: str) -> Lock:
-        header = {}
-        for line in text.splitlines():
-            match = re.match(r"^# ([a-z-]+): (.*)$", line)
-            if match and match.group(1) not in header:
-                header[match.group(1)] = match.group(2)
-        packages: dict[str, tuple[str, list[str]]] = {}
-        current = None
-        for line in text.splitlines():
-            pin = re.match(r"^([A-Za-z0-9_.-]+)==([^\s\\]+)", line)
-            if pin:
-                current = stage.normalize(pin.group(1))
-                packages[current] = (pin.group(2), [])
-            for digest in re.findall(r"--hash=(sha256:[0-9a-f]{64})", line):
-                if current:
-                    packages[current][1].append(digest)
+    def parse(cls, text: str, source: str = "lock") -> Lock:
+        """Parse strictly (:func:`imgfab.payload.lockparse.parse_lock`); RecipeError names
+        ``source``, the line and the fix."""
+        parsed = parse_lock(text, source)
+        packages = {e.name: (e.version, list(e.hashes)) for e in parsed.entries}
         unhashed = sorted(n for n, (_, hashes) in packages.items() if not hashes)
-        return cls(header.get("fingerprint", ""), packages, unhashed, header.get("refused", ""),
-                   text, header.get("installer", ""), header.get("index", "").split(" ")[0],
-                   tuple(header.get("cubins-cut", "").split(" (")[0].split()))
+        return cls(parsed.first("fingerprint"), packages, unhashed, parsed.first("refused"),
+                   text, parsed.first("installer"), parsed.first("index").split(" ")[0],
+                   parsed.cubins_cut, parsed)
 
 
 def lock_diff(old: Lock | None, new: Lock) -> list[str]:
@@ -204,7 +243,7 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
                 refused: str = "") -> str:
     """The lock text. Deterministic: sorted names, no dates."""
     head = [f"# imgfab lock for recipe {request.recipe}: written by `imgfab lock`, do not edit.",
-            f"# fingerprint: {request.fingerprint()}",
+            "# fingerprint: ",
             f"# stack: {request.stack_line}",
             f"# target: Python {request.python}, {request.platform}",
             f"# requested: {' '.join(request.pins)}"]
@@ -217,7 +256,7 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
                 f"--python-platform {request.platform} --only-binary :all:")
     if refused:
         head.append(f"# refused: {refused}")
-        return "\n".join(head) + "\n"
+        return _fingerprinted(request, "\n".join(head) + "\n")
     total = sum(p.installed for p in packages)
     head.append(f"# installed: {_size(total)} in {len(packages)} distributions (their RECORDs after the cuts "
                 "below, .py counted twice for their bytecode)")
@@ -252,7 +291,11 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
             body.append(f"{package.name}=={package.version} \\\n{hashes}")
         else:
             body.append(f"{package.name}=={package.version}  # unhashed: index unreachable")
-    return "\n".join(head) + "\n\n" + "\n".join(body) + "\n"
+    return _fingerprinted(request, "\n".join(head) + "\n\n" + "\n".join(body) + "\n")
+
+
+def _fingerprinted(request: PayloadRequest, text: str) -> str:
+    return text.replace("# fingerprint: \n", f"# fingerprint: {lock_fingerprint(request, text)}\n", 1)
 
 
 def _collisions(packages: list[LockedPackage]) -> dict[str, list[tuple[str, str]]]:

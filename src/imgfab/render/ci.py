@@ -149,6 +149,10 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
     steps = _setup(runs_on, python)
     env = {"RECIPE": "${{ matrix.recipe }}"}
     job_env: dict[str, str] = {}
+    # Offline --check (inside build) proves the lock unedited, not unforged: every pinned hash
+    # is compared with the index's own before anything is built from it.
+    steps.append(run_step("Check the lock's hashes against the index",
+                          'imgfab lock --check --online "$RECIPE"', dict(env)))
     if push:
         registry_steps, job_env, secret_env = _registry_steps(registry)
         steps += registry_steps

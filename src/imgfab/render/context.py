@@ -299,8 +299,10 @@ def _payload(stack: Stack, lock: Lock | None) -> dict[str, Any]:
         text = ("# not locked: run `imgfab lock RECIPE`; uv --require-hashes refuses this file\n"
                 + "\n".join(requirement_pins(stack)) + "\n")
         return {"lock_text": text, "installer": "", "layers": [BASE_GROUP], "index": DEFAULT_INDEX}
-    return {"lock_text": lock.text, "installer": lock.installer, "layers": lock.layers(),
-            "index": lock.index or DEFAULT_INDEX}
+    # Written from the parsed pins, never copied: no line of the lock file reaches uv as it is,
+    # and the installer and the index are compat/payload.yaml's (Lock.bind), not the header's.
+    return {"lock_text": lock.requirements(), "installer": lock.builder_installer(),
+            "layers": lock.layers(), "index": lock.builder_index()}
 
 
 def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
