@@ -236,8 +236,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     for tag in registry.list_tags(repository, credentials):
         ref = f"{repository}:{tag}"
         try:  # one tag the registry cannot describe is one rejected candidate
-            labels = registry.image_labels(ref, credentials)
-            digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
+            # The digest printed is the sha256 of the very manifest bytes the labels came from.
+            digest, labels = registry.published_labels(ref, credentials)
             images.append(Published(repository, tag, digest, labels))
         except RegistryError as error:
             images.append(Published(repository, tag, "", {}, error=error.one_line()))
