@@ -199,14 +199,15 @@ class _Client:
             left = window.remaining()
             timeout = (min(_TIMEOUT[0], left), min(_TIMEOUT[1], left))
             try:
-                return self.session.request(method, url, timeout=timeout, stream=True,
-                                            hooks={"response": [capped]}, **extra)
+                response = self.session.request(method, url, timeout=timeout, stream=True,
+                                                hooks={"response": [capped]}, **extra)
             except (requests.exceptions.RequestException, OSError) as exc:
                 if window.expired:
-                    raise RegistryError(f"{who} did not answer within {DEADLINE_S:g} s",
-                                        field="registry",
-                                        fix="check the registry and the network") from None
+                    raise _late(who) from None
                 raise _unreachable(who, exc) from None
+            if window.expired:  # cut off mid-headers: what was parsed is not an answer
+                raise _late(who)
+            return response
 
     def _answer(self, response: Any, scope: str) -> str:
         challenge = response.headers.get("WWW-Authenticate", "")
@@ -300,6 +301,11 @@ def _error_text(response: Any) -> str:
     except (ValueError, AttributeError, TypeError):
         text = str(response.reason)
     return printable(str(text))
+
+
+def _late(who: str) -> RegistryError:
+    return RegistryError(f"{who} did not answer within {DEADLINE_S:g} s", field="registry",
+                         fix="check the registry and the network")
 
 
 def _unreachable(host: str, exc: BaseException) -> RegistryError:
