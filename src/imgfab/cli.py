@@ -261,9 +261,9 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                        f"read from {host.seen}")
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
-            click.echo(f"{mark} {candidate.image.tag}: {candidate.reason()}")
+            click.echo(f"{mark} {candidate.tag}: {candidate.reason()}")
     if best is None:
-        nearest = ", ".join(c.image.tag for c in candidates[:3]) or "none"
+        nearest = ", ".join(c.tag for c in candidates[:3]) or "none"
         error = CompatibilityError(
             f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}) with driver "
             f"{host.driver}; nearest: {nearest}", field="select",

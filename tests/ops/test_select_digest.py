@@ -169,3 +169,34 @@ def test_published_labels_pairs_the_digest_with_its_labels(fake, good):
     fake.manifest("v4", fit, digest_header=None, head_digest="sha256:" + "1" * 64)
     digest, labels = registry.published_labels(f"{fake.host}/llm/x:v4", Credentials(fake.host))
     assert digest == _sha(fit) and labels == good
+
+
+# --- what select prints of what the registry supplied ---------------------------------------
+
+def test_a_hostile_tag_is_one_printable_rejected_candidate(fake, good, tmp_path):
+    fake.manifest("ok", fake.image(good))
+    fake.tags.append("\x1b]0;pwned\x07v1?n=1")
+    fake._tags()
+    result = _select(fake, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not any(ord(ch) < 32 and ch != "\n" or 0x7f <= ord(ch) <= 0x9f
+                   for ch in result.stdout), repr(result.stdout)
+    assert any(line.startswith("- ") and "not an image reference" in line
+               for line in result.stdout.splitlines()), result.stdout
+
+
+def test_a_verdict_quoting_a_huge_label_is_one_bounded_printable_line(good):
+    from imgfab.ops.select import HostGpu, Published, evaluate
+
+    host = HostGpu(driver="999.1.1", gpu="A100-SXM4-80GB", compute_capability="8.0")
+    label = "\x1b[2J" + ",".join(f"sm_{i}" for i in range(20_000))
+    candidate = evaluate(Published("r/x", "t", "sha256:" + "0" * 64,
+                                   {**good, "org.imgfab.precision": label}), host)
+    reason = candidate.reason()
+    assert not candidate.fits and len(reason) <= 501 and "\x1b" not in reason
+
+
+@pytest.mark.parametrize("tag", ["v1?n=1", "..", "-x", "a" * 129, "v\x1b1"])
+def test_a_tag_outside_the_spec_grammar_is_no_image_reference(tag):
+    with pytest.raises(RegistryError, match="not an image reference"):
+        registry.ImageRef.parse(f"127.0.0.1:5000/llm/x:{tag}")

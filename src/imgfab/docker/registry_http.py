@@ -38,6 +38,8 @@ LIMITS = {"manifest": 4 << 20, "config": 16 << 20, "tags": 4 << 20, "token": 256
 
 # Anything a terminal would interpret (C0/C1 controls, DEL): never echoed from a registry.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A tag as the OCI distribution spec defines it (it becomes a URL path segment).
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 # A bearer token as it may go into a header: printable ASCII, no spaces.
 _TOKEN = re.compile(r"[\x21-\x7e]{1,65536}")
 _AUTH = re.compile(r"unauthorized|authentication required|denied|\b401\b|\b403\b|"
@@ -72,9 +74,11 @@ class ImageRef:
         if host == DOCKER_HUB and "/" not in path:
             path = f"library/{path}"
         if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*",
-                            path) or (digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
-            raise RegistryError(f"{ref!r} is not an image reference", field="image",
-                                fix="lower-case host/repository:tag or @sha256:<64 hex>")
+                            path) or (digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest)) \
+                or (tag is not None and not _TAG.fullmatch(tag)):
+            raise RegistryError(f"{printable(repr(ref), 200)} is not an image reference", field="image",
+                                fix="lower-case host/repository, a tag of [A-Za-z0-9_.-] "
+                                    "(at most 128), or @sha256:<64 hex>")
         return cls(host, path, tag, digest or None)
 
     @property
