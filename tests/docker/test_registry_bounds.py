@@ -83,6 +83,13 @@ def test_a_manifest_over_the_cap_is_refused(serve):
         image_config(f"{host}/team/app:v1", Credentials(host))
 
 
+def test_an_announced_size_over_the_cap_is_refused_before_reading(serve):
+    # 2 GiB announced, ten bytes sent: the announcement alone is enough to refuse.
+    host = serve(lambda h, method, path, headers: h.answer(200, b"{" * 10, length=2 << 30))
+    with pytest.raises(RegistryError, match="2147483648 bytes announced"):
+        image_config(f"{host}/team/app:v1", Credentials(host))
+
+
 def test_a_config_blob_over_the_cap_is_refused_while_reading(serve):
     blob = b" " * (17 << 20) + b"{}"
     manifest = json.dumps({"schemaVersion": 2, "config": {"digest": _sha(blob)}}).encode()
@@ -125,27 +132,34 @@ def test_a_body_trickled_under_the_read_timeout_still_meets_the_deadline(serve, 
     monkeypatch.setattr(registry_http, "DEADLINE_S", 1.0, raising=False)
     body = b" " * 25 + b'{"tags": ["a"]}'
 
+    finished = []
+
     def behave(h, method, path, headers):
         h.request.sendall(f"HTTP/1.1 200 X\r\nConnection: close\r\nContent-Length: {len(body)}"
                           "\r\n\r\n".encode())
         _trickle(h.request, body[:25])  # 5 s at one byte per 0.2 s, each read well in time
+        finished.append(True)
         h.request.sendall(body[25:])
     host = serve(behave)
     with pytest.raises(RegistryError, match="did not answer within 1 s"):
         list_tags(f"{host}/team/app", Credentials(host))
+    assert not finished, "the client waited for the trickle to end instead of cutting it off"
 
 
 def test_headers_trickled_under_the_read_timeout_still_meet_the_deadline(serve, monkeypatch):
     monkeypatch.setattr(registry_http, "DEADLINE_S", 1.0, raising=False)
     body = b'{"tags": ["a"]}'
+    finished = []
 
     def behave(h, method, path, headers):
         h.request.sendall(b"HTTP/1.1 200 X\r\n")
         _trickle(h.request, b"X-Slow: " + b"a" * 20 + b"\r\n")
+        finished.append(True)
         h.request.sendall(f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     host = serve(behave)
     with pytest.raises(RegistryError, match="did not answer within 1 s"):
         list_tags(f"{host}/team/app", Credentials(host))
+    assert not finished, "the client waited for the trickle to end instead of cutting it off"
 
 
 # --- token answers ----------------------------------------------------------------------------
