@@ -147,18 +147,20 @@ def mount(session: Any) -> None:
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool  # noqa: PLC0415
 
     class WatchedHTTP(HTTPConnection):
-        def connect(self) -> None:
-            super().connect()
-            _watch(self.sock)
+        def _new_conn(self) -> Any:  # the TCP socket, before any TLS handshake on it
+            sock = super()._new_conn()
+            _watch(sock)
+            return sock
 
         def getresponse(self, *args: Any, **kwargs: Any) -> Any:
             _watch(self.sock)
             return super().getresponse(*args, **kwargs)
 
     class WatchedHTTPS(HTTPSConnection):
-        def connect(self) -> None:
-            super().connect()
-            _watch(self.sock)
+        def _new_conn(self) -> Any:  # the TCP socket, before any TLS handshake on it
+            sock = super()._new_conn()
+            _watch(sock)
+            return sock
 
         def getresponse(self, *args: Any, **kwargs: Any) -> Any:
             _watch(self.sock)
