@@ -237,8 +237,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     for tag in registry.list_tags(repository, credentials):
         ref = f"{repository}:{tag}"
         try:  # one tag the registry cannot describe is one rejected candidate
-            labels = registry.image_labels(ref, credentials)
-            digest = registry.resolve_digest(ref, credentials).rsplit("@", 1)[1]
+            # The digest printed is the sha256 of the very manifest bytes the labels came from.
+            digest, labels = registry.published_labels(ref, credentials)
             images.append(Published(repository, tag, digest, labels))
         except RegistryError as error:
             images.append(Published(repository, tag, "", {}, error=error.one_line()))
@@ -262,9 +262,9 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                        f"read from {host.seen}")
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
-            click.echo(f"{mark} {candidate.image.tag}: {candidate.reason()}")
+            click.echo(f"{mark} {candidate.tag}: {candidate.reason()}")
     if best is None:
-        nearest = ", ".join(c.image.tag for c in candidates[:3]) or "none"
+        nearest = ", ".join(c.tag for c in candidates[:3]) or "none"
         error = CompatibilityError(
             f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}) with driver "
             f"{host.driver}; nearest: {nearest}", field="select",

@@ -10,15 +10,43 @@ import re
 
 # C0/C1 control characters and DEL: a message never carries a terminal escape.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# The password of a URL's user info: scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
+# The password of a URL's user info: scheme://user:PASSWORD@host (to the last @ of the
+# authority, so a raw @ in the password does not leave its tail behind).
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)[^\s/?#]+@")
+# The other shapes a secret takes in a value someone typed or a server sent:
+_SECRETS = (
+    # user:PASSWORD@host without a scheme ('alice:S3CRET@pypi.corp.example/simple'), at the
+    # start of a word or value; not repo:tag@sha256:… (an image reference).
+    (re.compile(r"""(?<![^\s'"(<\[{=,;])([^\s/?#@:'"]+:)[^\s/?#]+@(?!sha(?:256|512):)(?=[\w\[])"""),
+     r"\1***@"),
+    # scheme://TOKEN@host: a long user name alone is a token (https://ghp_…@github.com).
+    (re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@:]{16,}@"), r"\1***@"),
+    # ?token=…, &password=…, X-Amz-Signature=…, --password=…
+    (re.compile(r"(?i)(?<![\w])((?:access_|refresh_|id_|auth_|private_)?token|password|passwd|"
+                r"pwd|secret|client_secret|api[_-]?key|sig|signature|x-amz-signature|"
+                r"x-amz-security-token|x-amz-credential|credential)=[^&\s#'\"]+"), r"\1=***"),
+    # Authorization header values: Bearer <token>, Basic <base64>.
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
+)
 
 
 def redact(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` URL replaced by
-    ``***``. Applied to every error line, every build log line shown and every ``--json``
+    """``text`` with every secret-shaped part replaced by ``***``: the password of a
+    ``scheme://user:password@`` URL, a scheme-less ``user:password@host``, a token used as a
+    URL's user name, a ``token=``/``password=``/signature query value and a Bearer or Basic
+    credential. Applied to every error line, every build log line shown and every ``--json``
     report."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
     return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """A rejected ``value`` as an error message quotes it: its ``repr`` (so control characters
+    are escaped), :func:`redact`-ed, and only then cut to ``limit`` characters, so a cut can
+    never leave the head of a password behind a missing ``@``."""
+    text = redact(repr(value))
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class ImgfabError(Exception):

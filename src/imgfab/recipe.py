@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from imgfab.errors import RecipeError
+from imgfab.errors import RecipeError, redact
 from imgfab.in_image.rules import POLICIES, STRICT, parse_version
 
 # A value that reaches a Dockerfile, a shell script or a YAML manifest: no whitespace, quotes,
@@ -62,7 +62,8 @@ _EXCERPT = 60
 
 def excerpt(value: Any, limit: int = _EXCERPT) -> str:
     """A short ``repr`` of a user value for an error message (never the whole value)."""
-    text = repr(value) if not isinstance(value, (dict, list)) else f"<{type(value).__name__}>"
+    # Redacted before it is cut, so a cut never leaves a password's head behind.
+    text = redact(repr(value)) if not isinstance(value, (dict, list)) else f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit] + "…"
 
 

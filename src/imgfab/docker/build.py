@@ -35,7 +35,7 @@ from typing import Any
 
 from imgfab.docker import engine
 from imgfab.docker.unverified import UnverifiedTags
-from imgfab.errors import HostError, RecipeError, ValidationFailed, redact
+from imgfab.errors import HostError, RecipeError, ValidationFailed, redact, shown
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -155,7 +155,7 @@ def check_pip_index_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url) if not _CONTROL.search(url) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
             or " " in url or len(url) > 2048:
-        raise RecipeError(f"{redact(repr(url)[:200])} is not an http(s) URL", field="--pip-index-url",
+        raise RecipeError(f"{shown(url)} is not an http(s) URL", field="--pip-index-url",
                           fix="e.g. https://pypi.example.com/simple (no spaces or line breaks)")
     return url
 

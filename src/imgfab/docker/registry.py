@@ -11,19 +11,19 @@ the fix. Passwords never reach a log line, an error message or a ``repr``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from typing import Any, Callable
 
 from imgfab.errors import RegistryError
 from imgfab.docker.credentials import Credentials
-from imgfab.docker.registry_http import (_AUTH, _INDEX_TYPES, DOCKER_HUB, MANIFEST_ACCEPT, ImageRef,
-                                         _Client, _client_for, _pull_scope, printable)
+from imgfab.docker.registry_http import (_AUTH, _INDEX_TYPES, _NOT_JSON, DOCKER_HUB, MANIFEST_ACCEPT,
+                                         ImageRef, _Client, _client_for, _pull_scope, few,
+                                         parse_json, printable)
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["Credentials", "ImageRef", "printable", "resolve_digest", "list_tags", "image_config",
-           "image_labels", "retarget", "is_transient", "push", "tag_holder", "refuse_moving_tag"]
+           "image_labels", "described", "published_labels", "retarget", "is_transient", "push", "tag_holder", "refuse_moving_tag"]
 
 # Backoff before attempt n+1 of a push: BACKOFF_S * 2**(n-1), capped at 30 s.
 BACKOFF_S = 1.0
@@ -57,7 +57,7 @@ def _manifest_digest(client: _Client, ref: ImageRef) -> str:
     digest = response.headers.get("Docker-Content-Digest")
     if not digest:  # some registries omit it on HEAD: hash the manifest bytes instead
         body = client.request("GET", path, scope=_pull_scope(ref),
-                              headers={"Accept": MANIFEST_ACCEPT}).content
+                              headers={"Accept": MANIFEST_ACCEPT}, body="manifest").content
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
     return digest
 
@@ -93,11 +93,11 @@ def list_tags(repository_ref: str, credentials: Credentials | None = None, *,
                                 f"{parsed.repository} in a loop or past {MAX_PAGES} pages",
                                 field="registry", fix="check the registry's Link headers")
         visited.add(url)
-        response = client.request("GET", url, scope=_pull_scope(parsed), allow=(404,))
+        response = client.request("GET", url, scope=_pull_scope(parsed), allow=(404,), body="tags")
         if response.status_code == 404:
             return tags
         try:
-            page = response.json().get("tags") or []
+            page = parse_json(response.content).get("tags") or []
         except (ValueError, AttributeError):
             page = None
         if not isinstance(page, list) or not all(isinstance(t, str) for t in page):
@@ -120,15 +120,26 @@ def _next_link(header: str, client: _Client, page: str) -> str | None:
 
 def image_config(ref: str, credentials: Credentials | None = None, *,
                  platform: str = "linux/amd64") -> dict[str, Any]:
-    """The image config blob of ``ref`` (``config.Labels``, ``config.Env``, ``rootfs``, …).
+    """The image config blob of ``ref`` (``config.Labels``, ``config.Env``, ``rootfs``, …):
+    :func:`described`'s config."""
+    return described(ref, credentials, platform=platform)[1]
+
+
+def described(ref: str, credentials: Credentials | None = None, *,
+              platform: str = "linux/amd64") -> tuple[str, dict[str, Any]]:
+    """``(digest, config)``: the sha256 of the manifest bytes ``ref`` named, fetched once, and
+    the image config reached from those very bytes.
 
     A manifest list / OCI index is resolved to its ``platform`` entry (default
-    ``linux/amd64``). The blob's sha256 is checked against the manifest.
+    ``linux/amd64``); the digest is then the index's, which the daemon resolves the same way.
+    Every hop is hash-checked: a manifest fetched by digest must hash to it, the config blob
+    to the manifest's config digest, and a ``Docker-Content-Digest`` the registry sends must
+    agree with the bytes. Raises :class:`RegistryError` otherwise.
     """
     parsed = ImageRef.parse(ref)
     client = _client_for(parsed, credentials)
     scope = _pull_scope(parsed)
-    manifest = _get_manifest(client, parsed, parsed.reference)
+    digest, manifest = _manifest(client, parsed, parsed.reference)
     if manifest.get("mediaType") in _INDEX_TYPES or "manifests" in manifest:
         os_name, _, arch = platform.partition("/")
         entries = manifest.get("manifests")
@@ -141,24 +152,26 @@ def image_config(ref: str, credentials: Credentials | None = None, *,
         choices = [m for m in entries if platform_of(m) == (os_name, arch)]
         if not choices:
             offered = sorted({printable(f"{o}/{a}", 40) for o, a in map(platform_of, entries)})
-            raise RegistryError(f"{ref} has no {platform} image (offers {', '.join(offered)})",
+            raise RegistryError(f"{printable(ref, 200)} has no {platform} image (offers "
+                                f"{few(offered) or 'none'})",
                                 field="image", fix="pick a multi-arch tag that includes it")
-        manifest = _get_manifest(client, parsed, _checked_digest(choices[0].get("digest"), ref))
+        manifest = _manifest(client, parsed, _checked_digest(choices[0].get("digest"), ref))[1]
     config = manifest.get("config")
-    digest = config.get("digest") if isinstance(config, dict) else None
-    if not digest:
-        raise RegistryError(f"{ref}: the manifest names no config blob", field="image",
+    blob = config.get("digest") if isinstance(config, dict) else None
+    if not blob:
+        raise RegistryError(f"{printable(ref, 200)}: the manifest names no config blob", field="image",
                             fix="schema 1 manifests are not supported; re-push the image")
-    digest = _checked_digest(digest, ref)
-    body = client.request("GET", f"/v2/{parsed.repository}/blobs/{digest}", scope=scope).content
-    if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-        raise RegistryError(f"{ref}: config blob does not match its digest {digest}",
+    blob = _checked_digest(blob, ref)
+    body = client.request("GET", f"/v2/{parsed.repository}/blobs/{blob}", scope=scope,
+                          body="config").content
+    if "sha256:" + hashlib.sha256(body).hexdigest() != blob:
+        raise RegistryError(f"{printable(ref, 200)}: config blob does not match its digest {blob}",
                             field="image", fix="the registry storage is corrupt; re-push")
-    try:
-        return json.loads(body)
-    except ValueError:
+    parsed_config = parse_json(body)
+    if parsed_config is _NOT_JSON:
         raise RegistryError(f"{printable(ref, 200)}: the config blob is not JSON", field="image",
                             fix="rebuild and re-push the image") from None
+    return digest, parsed_config
 
 
 def _checked_digest(digest: Any, ref: str) -> str:
@@ -173,30 +186,49 @@ def _checked_digest(digest: Any, ref: str) -> str:
 def image_labels(ref: str, credentials: Credentials | None = None) -> dict[str, str]:
     """The ``config.Labels`` of ``ref``'s image config (empty when it has none); a config
     whose labels are not a mapping of strings raises :class:`RegistryError`."""
-    config = image_config(ref, credentials)
+    return published_labels(ref, credentials)[1]
+
+
+def published_labels(ref: str, credentials: Credentials | None = None) -> tuple[str, dict[str, str]]:
+    """``(digest, labels)``: the labels of the image :func:`described` reached, and the digest
+    of exactly the manifest bytes they were reached from (what ``select`` prints)."""
+    digest, config = described(ref, credentials)
     section = config.get("config") if isinstance(config, dict) else None
     labels = (section.get("Labels") if isinstance(section, dict) else None) or {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in labels.items()):
         raise RegistryError(f"{printable(ref, 200)}: the image config's labels are not a "
                             "mapping of strings", field="image", fix="rebuild the image")
-    return labels
+    return digest, labels
 
-def _get_manifest(client: _Client, ref: ImageRef, reference: str) -> dict[str, Any]:
+
+def _manifest(client: _Client, ref: ImageRef, reference: str) -> tuple[str, dict[str, Any]]:
+    """``(sha256 of the bytes received, the manifest)`` for ``reference`` (a tag or a digest),
+    fetched once. Bytes fetched by digest must hash to it, and a ``Docker-Content-Digest``
+    header must agree with them; RegistryError otherwise."""
     response = client.request("GET", f"/v2/{ref.repository}/manifests/{reference}",
                               scope=_pull_scope(ref), headers={"Accept": MANIFEST_ACCEPT},
-                              allow=(404,))
+                              allow=(404,), body="manifest")
+    shown = f"{ref.name}{'@' if reference.startswith('sha256:') else ':'}{printable(reference, 80)}"
     if response.status_code == 404:
-        raise RegistryError(f"{ref.name}:{reference} is not in registry {ref.host}",
+        raise RegistryError(f"{shown} is not in registry {ref.host}",
                             field="image", fix="check the repository and tag")
-    try:
-        manifest = response.json()
-    except ValueError:
-        manifest = None
+    body = response.content
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    if reference.startswith("sha256:") and digest != reference:
+        raise RegistryError(f"{shown}: the registry served a manifest whose sha256 is {digest}, "
+                            "not the digest asked for", field="image",
+                            fix="the registry is corrupt or tampered with; re-push the image")
+    announced = str(response.headers.get("Docker-Content-Digest") or "")
+    if announced.startswith("sha256:") and announced != digest:
+        raise RegistryError(f"{shown}: the registry announced {printable(announced, 80)} for a "
+                            f"manifest whose sha256 is {digest}", field="image",
+                            fix="the registry is corrupt or tampered with; re-push the image")
+    manifest = parse_json(body)
     if not isinstance(manifest, dict):
-        raise RegistryError(f"{ref.name}:{printable(reference, 80)}: the manifest is not a JSON "
-                            "object", field="image", fix="re-push the image")
-    return manifest
+        raise RegistryError(f"{shown}: the manifest is not a JSON object", field="image",
+                            fix="re-push the image")
+    return digest, manifest
 
 
 def retarget(image: str, registry: str) -> str:
@@ -227,8 +259,7 @@ def tag_holder(target_ref: str, credentials: Credentials | None = None) -> tuple
                               allow=(404,))
     if response.status_code == 404:
         return None
-    manifest_digest = _manifest_digest(client, parsed)
-    manifest = _get_manifest(client, parsed, manifest_digest)
+    manifest_digest, manifest = _manifest(client, parsed, _manifest_digest(client, parsed))
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     return manifest_digest, str(config.get("digest") or "")
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import re
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from imgfab.docker import http_bounds
 from imgfab.docker.credentials import _HUB_API, DOCKER_HUB, Credentials
 from imgfab.errors import RegistryError
 
@@ -25,12 +27,21 @@ MANIFEST_ACCEPT = ", ".join((
 ))
 _INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
-_TIMEOUT = (5, 60)  # (connect, read) seconds
-
+_TIMEOUT = (5, 60)  # (connect, read) seconds, each bounded by what is left of DEADLINE_S
+# The overall wall-clock bound of one request: redirects, the 401 round and the token included.
+DEADLINE_S = 120.0
+# Body caps, in bytes, by what the body is. The OCI distribution spec has registries accept
+# manifests up to 4 MiB; a config is JSON metadata (a few KiB, rarely 1 MiB); a token a JWT.
+LIMITS = {"manifest": 4 << 20, "config": 16 << 20, "tags": 4 << 20, "token": 256 << 10,
+          "error": 64 << 10, "empty": 64 << 10}
 
 
 # Anything a terminal would interpret (C0/C1 controls, DEL): never echoed from a registry.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A tag as the OCI distribution spec defines it (it becomes a URL path segment).
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+# A bearer token as it may go into a header: printable ASCII, no spaces.
+_TOKEN = re.compile(r"[\x21-\x7e]{1,65536}")
 _AUTH = re.compile(r"unauthorized|authentication required|denied|\b401\b|\b403\b|"
                    r"no basic auth credentials", re.IGNORECASE)
 
@@ -63,9 +74,11 @@ class ImageRef:
         if host == DOCKER_HUB and "/" not in path:
             path = f"library/{path}"
         if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*",
-                            path) or (digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
-            raise RegistryError(f"{ref!r} is not an image reference", field="image",
-                                fix="lower-case host/repository:tag or @sha256:<64 hex>")
+                            path) or (digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest)) \
+                or (tag is not None and not _TAG.fullmatch(tag)):
+            raise RegistryError(f"{printable(repr(ref), 200)} is not an image reference", field="image",
+                                fix="lower-case host/repository, a tag of [A-Za-z0-9_.-] "
+                                    "(at most 128), or @sha256:<64 hex>")
         return cls(host, path, tag, digest or None)
 
     @property
@@ -129,17 +142,23 @@ class _Client:
         self.base = f"{_scheme(self.host)}://{_api_host(self.host)}"
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "imgfab"
+        self.session.max_redirects = 5
+        http_bounds.mount(self.session)
         self._authorization: dict[str, str] = {}  # scope → Authorization header value
 
     def request(self, method: str, path: str, *, scope: str, headers: dict[str, str] | None = None,
-                allow: tuple[int, ...] = ()) -> Any:
+                allow: tuple[int, ...] = (), body: str = "empty") -> Any:
         """``method`` ``path`` (or an absolute URL); returns the response when its status is
-        2xx or in ``allow``; raises :class:`RegistryError` otherwise."""
+        2xx or in ``allow``; raises :class:`RegistryError` otherwise.
+
+        ``body`` names what a 2xx body is (a key of :data:`LIMITS`): its cap. The whole call,
+        redirects and the auth round included, ends within :data:`DEADLINE_S` seconds."""
         url = self.resolve(path)
-        response = self._send(method, url, scope, headers)
-        if response.status_code == 401 and scope not in self._authorization:
-            self._authorization[scope] = self._answer(response, scope)
-            response = self._send(method, url, scope, headers)
+        with http_bounds.deadline(DEADLINE_S):
+            response = self._send(method, url, scope, headers, body)
+            if response.status_code == 401 and scope not in self._authorization:
+                self._authorization[scope] = self._answer(response, scope)
+                response = self._send(method, url, scope, headers, body)
         if response.status_code == 401:
             raise self._refused(401)
         if response.status_code == 403:
@@ -162,16 +181,37 @@ class _Client:
                                 fix="use the registry's own host, or check for a man in the middle")
         return url
 
-    def _send(self, method: str, url: str, scope: str, headers: dict[str, str] | None) -> Any:
-        import requests  # noqa: PLC0415
-
+    def _send(self, method: str, url: str, scope: str, headers: dict[str, str] | None,
+              body: str, **extra: Any) -> Any:
         merged = dict(headers or {})
         if scope in self._authorization and _origin(url) == _origin(self.base):
             merged["Authorization"] = self._authorization[scope]
-        try:
-            return self.session.request(method, url, headers=merged, timeout=_TIMEOUT)
-        except requests.exceptions.RequestException as exc:
-            raise _unreachable(self.host, exc) from None
+        return self._bounded(self.host, method, url, body, headers=merged, **extra)
+
+    def _bounded(self, who: str, method: str, url: str, body: str, **extra: Any) -> Any:
+        """One ``requests`` call inside the current deadline, its body read under the cap of
+        ``body`` (error text and redirects under the ``error`` cap)."""
+        import requests  # noqa: PLC0415
+
+        def capped(response: Any, **_: Any) -> Any:
+            ok = 200 <= response.status_code < 300
+            http_bounds.read_capped(response, LIMITS[body if ok else "error"],
+                                    f"the {body if ok else 'error'} body from {who}")
+            return response
+
+        with http_bounds.deadline(DEADLINE_S) as window:
+            left = window.remaining()
+            timeout = (min(_TIMEOUT[0], left), min(_TIMEOUT[1], left))
+            try:
+                response = self.session.request(method, url, timeout=timeout, stream=True,
+                                                hooks={"response": [capped]}, **extra)
+            except (requests.exceptions.RequestException, OSError) as exc:
+                if window.expired:
+                    raise _late(who) from None
+                raise _unreachable(who, exc) from None
+            if window.expired:  # cut off mid-headers: what was parsed is not an answer
+                raise _late(who)
+            return response
 
     def _answer(self, response: Any, scope: str) -> str:
         challenge = response.headers.get("WWW-Authenticate", "")
@@ -198,30 +238,33 @@ class _Client:
                             fix="use a registry with Basic or Bearer token auth")
 
     def _token(self, params: dict[str, str], scope: str) -> str:
-        import requests  # noqa: PLC0415
-
         query = {"service": params.get("service", ""), "scope": params.get("scope") or scope}
         auth = None
         if self.credentials.identity_token:
             query.update(grant_type="refresh_token", refresh_token=self.credentials.identity_token)
         elif not self.credentials.anonymous:
             auth = (str(self.credentials.username), str(self.credentials.password))
-        try:
-            answer = self.session.get(params["realm"], params={k: v for k, v in query.items() if v},
-                                      auth=auth, timeout=_TIMEOUT)
-        except requests.exceptions.RequestException as exc:
-            raise _unreachable(printable(params["realm"], 80), exc) from None
+        server = f"token server {printable(params['realm'], 80)}"
+        answer = self._bounded(server, "GET", params["realm"], "token",
+                               params={k: v for k, v in query.items() if v}, auth=auth)
         if answer.status_code in (401, 403):
             raise self._refused(answer.status_code)
         if not answer.ok:
-            raise RegistryError(f"token server {printable(params['realm'], 80)} answered {answer.status_code}",
+            raise RegistryError(f"{server} answered {answer.status_code}",
                                 field="registry", fix="check the registry's token service")
-        body = answer.json()
+        body = parse_json(answer.content)
+        if not isinstance(body, dict):
+            raise RegistryError(f"{server} answered with something that is not a JSON object "
+                                f"({printable(answer.headers.get('Content-Type', 'no type'), 60)})",
+                                field="registry", fix="check the registry's token service")
         token = body.get("token") or body.get("access_token")
         if not token:
-            raise RegistryError(f"token server {printable(params['realm'], 80)} returned no token",
+            raise RegistryError(f"{server} returned no token",
                                 field="registry", fix="check the registry's token service")
-        return str(token)
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            raise RegistryError(f"{server} returned a token that is not a printable string",
+                                field="registry", fix="check the registry's token service")
+        return token
 
     def _refused(self, status: int, scope: str = "") -> RegistryError:
         if self.credentials.anonymous:
@@ -235,13 +278,38 @@ class _Client:
             fix="check --registry-user / the password")
 
 
+_NOT_JSON = object()
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` parsed as JSON, or a sentinel that is no dict or list when it is not JSON (bad
+    bytes, bad syntax, or nesting deep enough to exhaust the parser's recursion)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+def few(items: list[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``items``, comma-separated, then ``… and N more``: a list a
+    registry supplies is never printed whole."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" … and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def _error_text(response: Any) -> str:
     try:
-        errors = response.json().get("errors") or []
-        text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or response.reason
-    except (ValueError, AttributeError):
+        errors = parse_json(response.content).get("errors") or []
+        text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors[:5]) \
+            or response.reason
+    except (ValueError, AttributeError, TypeError):
         text = str(response.reason)
     return printable(str(text))
+
+
+def _late(who: str) -> RegistryError:
+    return RegistryError(f"{who} did not answer within {DEADLINE_S:g} s", field="registry",
+                         fix="check the registry and the network")
 
 
 def _unreachable(host: str, exc: BaseException) -> RegistryError:

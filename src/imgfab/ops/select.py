@@ -9,6 +9,7 @@ the registry API gives no reliable push time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,16 @@ from imgfab.stack.verdicts import P, driver_verdict, gpu_verdicts, is_imgfab_ima
 __all__ = ["HostGpu", "Published", "Candidate", "choose", "choose_verified", "evaluate", "host_gpu",
            "what_host_needs",
            "driver_verdict", "gpu_verdicts", "is_imgfab_image", "label_problem"]
+
+
+# A verdict line quotes labels a registry supplied: no terminal escapes, and a bounded length.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+REASON_MAX = 500
+
+
+def _printable(text: str, limit: int) -> str:
+    clean = " ".join(_CONTROL.sub(" ", text).split())
+    return clean if len(clean) <= limit else clean[:limit] + "…"
 
 
 @dataclass(frozen=True)
@@ -104,8 +115,15 @@ class Candidate:
         return bool(self.verdicts) and all(v.ok for v in self.verdicts)
 
     def reason(self) -> str:
+        """Why it was rejected (or ``fits``): one line, control characters dropped, at most
+        :data:`REASON_MAX` characters, whatever the labels hold."""
         failed = [v.line() for v in self.verdicts if not v.ok]
-        return "; ".join(failed) if failed else "fits"
+        return _printable("; ".join(failed), REASON_MAX) if failed else "fits"
+
+    @property
+    def tag(self) -> str:
+        """The image's tag as printed: the registry chose it, so it is made printable."""
+        return _printable(self.image.tag, 130)
 
 
 def _version_key(text: str) -> tuple[int, ...]:
