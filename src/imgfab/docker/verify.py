@@ -197,15 +197,21 @@ def policy_for(recipe: Any, stack: Any, matrix: Any,
 
 def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
                  raise_on_failure: bool = True) -> VerifyReport:
-    """Run every check on image ``ref``. Raises :class:`ValidationFailed` listing the failures
-    (unless ``raise_on_failure`` is False); :class:`imgfab.errors.EngineError` if the engine
-    cannot inspect or save the image."""
+    """Run every check on image ``ref`` (best an image ID, as the build produced it).
+    Raises :class:`ValidationFailed` listing the failures (unless ``raise_on_failure`` is
+    False); :class:`imgfab.errors.EngineError` if the engine cannot inspect or save the image.
+
+    ``ref`` is looked up once: the history and the save use the ID that inspect answered,
+    so a tag moved meanwhile (another build of the same ``repository:tag``) cannot put one
+    image's config beside another's layers.
+    """
     engine = engine or importlib.import_module("imgfab.docker.engine")
     report = VerifyReport(image=ref)
     info = engine.inspect_image(ref)
+    image_id = str(info.get("Id") or ref)
     report.findings += _config_findings(info.get("Config") or {}, policy)
     ours = list((info.get("RootFS") or {}).get("Layers") or [])
-    scan = _scan_image(ref, info, ours, policy, engine)
+    scan = _scan_image(image_id, info, ours, policy, engine)
     scan.base_count = sum(1 for _ in iter_prefix(ours, list(policy.base_diff_ids)))
     report.findings += layer_findings(scan, policy)
     report.notes += scan.notes
@@ -252,7 +258,7 @@ def _config_findings(config: dict[str, Any], policy: VerifyPolicy) -> list[Findi
 
 
 # Bumped when the scan itself changes, so results of an older scanner are not reused.
-_SCANNER_VERSION = "2"
+_SCANNER_VERSION = "3"
 
 
 def cache_dir() -> Path:
@@ -261,11 +267,15 @@ def cache_dir() -> Path:
     return Path(root) / "imgfab" / "verify"
 
 
-def _layer_key(diff_id: str, policy: VerifyPolicy) -> str:
+def _layer_key(diff_id: str, policy: VerifyPolicy, directory: str = "") -> str:
     """A layer's scan result depends only on its content (the diff id), the weights mount,
-    the secrets searched for and the path catalogue: all four are in the key."""
+    the secrets searched for and the path catalogue: all four are in the key.
+
+    ``diff_id`` is the hash of the bytes that were scanned, never a claim of inspect's. A
+    result read from an overlay2 ``directory`` (no bytes to hash) is keyed by that directory
+    as well, and is only looked up for it."""
     digest = hashlib.sha256()
-    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION):
+    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION, directory):
         digest.update(part.encode() + b"\0")
     for name, data in sorted(policy.needles().items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -291,22 +301,28 @@ def _store_layer(key: str, result: dict[str, Any]) -> None:
         pass
 
 
-def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: VerifyPolicy,
+def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: VerifyPolicy,
                 engine: Any) -> _LayerScan:
-    """Scan every layer once per content: results are cached by diff id, and layers not seen
-    before are read from the engine's storage when it is local (else one ``docker save``)."""
+    """Scan every layer once per content. Results are cached under the sha256 of the layer
+    bytes that were scanned; a layer whose cached result is not known is read from the
+    engine's storage when it is local (else one ``docker save`` of ``image_id``, whose layers
+    must hash to the diff ids inspect reported)."""
     keys = {diff_id: _layer_key(diff_id, policy) for diff_id in layers}
     known = {diff_id: _load_layer(key) for diff_id, key in keys.items()}
     unknown = [d for d in layers if known[d] is None]
     directories = local_layer_dirs(info, layers) if unknown else []
     if unknown and directories is None:
-        scan = _scan_layers(engine.save_stream(ref), policy)
+        scan = _scan_layers(engine.save_stream(image_id), policy)
+        for name, digest in zip(scan.order, scan.diff_ids):  # keyed by what was hashed
+            _store_layer(_layer_key(digest, policy), scan.results[name])
         if len(scan.order) != len(layers):
             scan.unscanned.append(f"manifest.json lists {len(scan.order)} layers, the image "
                                   f"has {len(layers)}")
-        elif not scan.unscanned:
-            for diff_id, name in zip(layers, scan.order):
-                _store_layer(keys[diff_id], scan.results[name])
+        elif scan.diff_ids != layers:
+            index = next(i for i, (a, b) in enumerate(zip(scan.diff_ids, layers)) if a != b)
+            scan.unscanned.append(f"the saved layer {index + 1} hashes to "
+                                  f"{scan.diff_ids[index][:19]}…, inspect of {image_id[:19]}… "
+                                  f"reports {layers[index][:19]}…")
         return scan
     scan = _LayerScan(order=list(layers))
     secret_hits: set[str] = set()
@@ -315,11 +331,14 @@ def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: Verif
         result = known[diff_id]
         if result is None:
             assert directories is not None
-            result = _scan_directory(directories[index], mount, policy)
-            _store_layer(keys[diff_id], result)
+            key = _layer_key(diff_id, policy, str(directories[index]))
+            result = _load_layer(key)
+            if result is None:
+                result = _scan_directory(directories[index], mount, policy)
+                _store_layer(key, result)
         scan.merge(diff_id, result, secret_hits)
     # The image config (history, environment, labels) as the engine reports it.
-    config_text = json.dumps([info, engine.image_history(ref)], sort_keys=True).encode()
+    config_text = json.dumps([info, engine.image_history(image_id)], sort_keys=True).encode()
     for name in _contains(io.BytesIO(config_text), policy.needles()):
         secret_hits.add(f"{name} in the image config")
     scan.secrets = sorted(secret_hits)

@@ -1,0 +1,128 @@
+"""Decoding the members of a ``docker save`` stream: chunked readers, gzip/zstd detection,
+and the sha256 of each member's uncompressed bytes as they are read (a layer's diff id).
+
+:func:`open_blob` classifies one member by its content and returns a reader plus a
+:class:`Digest` that sees every uncompressed byte the reader yields; :meth:`Digest.finish`
+reads what the consumer left (a tar's end blocks) and returns ``sha256:<hex>``. A layer is
+then judged by the bytes that were hashed, never by the name it is listed under.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+CHUNK = 4 * 1024 * 1024
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (for tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(target), len(self._buffer))
+        target[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size
+
+
+class Digest(io.RawIOBase):
+    """A reader over ``stream`` that hashes (sha256) every byte passed through it."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.reader: Any = None  # the reader handed out on top of this one (drained by finish)
+        self.trailing = False  # finish() found non-zero bytes the consumer had left unread
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        data = self._stream.read(len(target))
+        if not data:
+            return 0
+        size = len(data)
+        target[:size] = data
+        self._hash.update(data)
+        self.size += size
+        return size
+
+    def finish(self) -> str:
+        """Read whatever the consumer left unread (setting ``trailing`` when that is more than
+        zero padding), then ``sha256:<hex>`` of all the bytes."""
+        source = self.reader if self.reader is not None else self
+        while chunk := source.read(CHUNK):
+            self.trailing = self.trailing or bool(chunk.strip(b"\0"))
+        return "sha256:" + self._hash.hexdigest()
+
+
+def read_up_to(stream: Any, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def peek(stream: Any, size: int = 1024) -> tuple[bytes, Any]:
+    """The first ``size`` bytes of ``stream`` and a reader that still yields all of it."""
+    head = read_up_to(stream, size)
+
+    def chunks() -> Iterator[bytes]:
+        if head:
+            yield head
+        while chunk := stream.read(CHUNK):
+            yield chunk
+    return head, io.BufferedReader(ChunkReader(chunks()), CHUNK)
+
+
+def open_blob(stream: Any) -> tuple[str, Any, Digest | None]:
+    """Classify one archive member by content: ``("tar", reader, digest)`` for a layer
+    (decompressed when gzip or zstd), ``("empty", reader, digest)`` for an all-zero empty tar,
+    ``("other", reader, digest)`` for anything else; ``("<why>", None, None)`` when it cannot
+    be decompressed. ``digest`` hashes the uncompressed bytes the reader yields."""
+    head, reader = peek(stream)
+    if head.startswith(_GZIP_MAGIC):
+        reader = gzip.GzipFile(fileobj=reader, mode="rb")
+    elif head.startswith(_ZSTD_MAGIC):
+        try:
+            import zstandard  # noqa: PLC0415
+        except ImportError:
+            return "zstd blob, and the zstandard module is not installed", None, None
+        decompressor = zstandard.ZstdDecompressor()
+        reader = decompressor.stream_reader(reader, read_across_frames=True)
+    digest = Digest(reader)
+    head, reader = peek(digest)
+    digest.reader = reader
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "tar", reader, digest
+    if len(head) >= 512 and not head.strip(b"\0"):
+        # An empty tar is all zeros; bytes after its end blocks are hidden from every reader.
+        while chunk := reader.read(CHUNK):
+            if chunk.strip(b"\0"):
+                return "data after the end-of-archive blocks", None, None
+        return "empty", reader, digest
+    return "other", reader, digest
+
