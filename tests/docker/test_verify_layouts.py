@@ -47,13 +47,14 @@ def _compress(data: bytes, how: str) -> bytes:
 
 def save_archive(layers: list[bytes], layout: str, *, compress: str = "none",
                  drop: int | None = None, corrupt: int | None = None,
-                 history: list[dict] | None = None) -> bytes:
+                 history: list[dict] | None = None, declared: list[str] | None = None) -> bytes:
     """A ``docker save`` archive of one image with ``layers`` (bottom first).
 
     ``drop``: leave listed layer number ``drop`` out of the archive; ``corrupt``: replace its
-    bytes with a truncated gzip stream."""
+    bytes with a truncated gzip stream; ``declared``: the config's diff ids (default: the
+    layers' true hashes)."""
     config = json.dumps({"config": {"User": "imgfab"}, "history": history or [],
-                         "rootfs": {"type": "layers", "diff_ids": [
+                         "rootfs": {"type": "layers", "diff_ids": declared or [
                              "sha256:" + hashlib.sha256(l).hexdigest() for l in layers]}})
     members: list[tuple[str, bytes | str]] = []  # name → bytes, or str for a symlink target
     listed = []
