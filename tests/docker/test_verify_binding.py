@@ -165,3 +165,22 @@ def test_bytes_no_tar_reader_sees_fail_the_layer(layer):
     report = verify_image("t:1", POLICY, engine=FakeEngine(archive, 1), raise_on_failure=False)
     layers = next(f for f in report.findings if f.check == "layers")
     assert not layers.passed and "end-of-archive" in layers.detail
+
+
+def test_labelling_an_id_builds_from_a_private_name_of_exactly_it(tmp_path, monkeypatch):
+    """BuildKit resolves FROM by name only: the ID gets a random name for the labelling build,
+    removed afterwards, so the labelled image descends from the verified ID itself."""
+    seen = tmp_path / "dockerfile"
+    fake = tmp_path / "docker"
+    fake.write_text(f"#!/bin/sh\n[ \"$2\" = --help ] && {{ echo ' --secret'; exit 0; }}\n"
+                    f"cat > {seen}\necho sha256:{'d' * 64}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("IMGFAB_DOCKER_CLI", str(fake))
+    calls = []
+    monkeypatch.setattr(engine, "tag", lambda ref, target: calls.append(("tag", ref, target)))
+    monkeypatch.setattr(engine, "remove_image",
+                        lambda ref, force=False: calls.append(("remove", ref)))
+    assert engine.add_labels(BUILT, {"a": "b"}, ["r:t"]) == "sha256:" + "d" * 64
+    (_, ref, name), removed = calls
+    assert ref == BUILT and seen.read_text().startswith(f"FROM {name}\n")
+    assert removed == ("remove", name) and name != BUILT and ":" in name

@@ -140,7 +140,7 @@ def test_an_impossible_sparse_map_fails_the_layer(segments, bounded):
     archive = save_archive([_sparse(32 << 30, segments)], "oci")
     report = verify_image("t:1", POLICY, engine=FakeEngine(archive, 1), raise_on_failure=False)
     found = next(f for f in report.findings if f.check == "layers")
-    assert not found.passed and "unreadable" in found.detail
+    assert not found.passed and "unreadable: SparseMapError" in found.detail
 
 
 def _scan(*layer_entries: list[tuple[str, str]]) -> dict[str, int]:
@@ -164,3 +164,8 @@ def test_whiteouts_apply_through_directories_and_are_undone_by_a_higher_layer():
                     [("usr/bin", "whiteout"), ("opt/x", "opaque")],
                     [("usr/bin/gcc", "file")])
     assert present == {"usr/bin/gcc": 2, "usr/lib/a": 0}
+
+
+def test_a_path_written_twice_belongs_to_the_higher_layer():
+    present = _scan([("usr/bin/gcc", "file"), ("usr/bin/make", "file")], [("usr/bin/gcc", "file")])
+    assert present == {"usr/bin/gcc": 1, "usr/bin/make": 0}

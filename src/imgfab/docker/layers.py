@@ -323,11 +323,15 @@ def mask(path: str, needles: dict[str, bytes]) -> str:
     return data.decode("utf-8", "replace")
 
 
+class SparseMapError(ValueError):
+    """A sparse member's map is not sorted, or runs past the size it announces."""
+
+
 def _stored_bytes(inner: tarfile.TarFile, entry: tarfile.TarInfo) -> Any:
     """A reader of what an entry stores in the layer. A sparse entry yields only its data
     segments (one zero byte stands for each hole): its announced size is not read as zeros,
     so the work is bounded by the layer's real size. A sparse map that is not sorted or runs
-    past the announced size is refused (ValueError: the layer is unscanned)."""
+    past the announced size is refused (:class:`SparseMapError`: the layer is unscanned)."""
     content = inner.extractfile(entry)
     if content is None or not entry.issparse():
         return content
@@ -335,7 +339,7 @@ def _stored_bytes(inner: tarfile.TarFile, entry: tarfile.TarInfo) -> Any:
     end = 0
     for offset, size in segments:
         if offset < end or size < 0 or offset + size > entry.size:
-            raise ValueError(f"sparse map of {entry.name!r} is not sorted or exceeds its size")
+            raise SparseMapError(f"sparse map of {entry.name!r} is not sorted or exceeds its size")
         end = offset + size
     raw = content.raw  # seek only sets the position; reads move forward through the stream
 
