@@ -1,7 +1,8 @@
 """Post-build checks on a built runtime image; each check is a :class:`Finding`.
 
 :func:`verify_image` reads the image through :mod:`imgfab.docker.engine` (``docker inspect`` and a
-streamed ``docker save``, never written to disk) and checks:
+streamed ``docker save``, never written to disk), both by the one image ID inspect answered
+(the build passes the ID it wrote), and checks:
 
 - ``user``: the runtime user is set and is not root;
 - ``labels``: every ``org.imgfab.*`` label :func:`imgfab.render.context.image_labels` writes is
@@ -11,10 +12,15 @@ streamed ``docker save``, never written to disk) and checks:
   directory itself is expected);
 - ``secrets``: no layer (nor the image config) holds the bytes of a build secret (the CA
   bundle, the pip configuration): the whole file, each PEM block of a bundle that is not a
-  public CA of this host's trust store, each URL with credentials and its password;
+  public CA of this host's trust store, each URL with credentials and its password; in file
+  contents, entry names, link targets, owner names and PAX records (a finding masks the
+  secret in the path it names);
 - ``layers``: every layer ``manifest.json`` lists was read, whatever layout ``docker save``
-  wrote (legacy ``<id>/layer.tar``, OCI ``blobs/sha256/<hex>``, gzip or zstd blobs); an
-  unreadable or missing listed layer fails the image (fail closed);
+  wrote (legacy ``<id>/layer.tar``, OCI ``blobs/sha256/<hex>``, gzip or zstd blobs), and its
+  uncompressed bytes hash to the diff id the image config and inspect list at its place; an
+  unreadable, missing or mismatched listed layer, bytes hidden after a tar's end, or an
+  impossible sparse map fails the image (fail closed). Scan results are cached under the
+  hashes of the bytes scanned, never under inspect's diff ids alone;
 - ``tools``: no build-only tool is left in the final filesystem unless the backend declares
   it as its run-time toolchain (``compat/backends.yaml`` ``runtime_toolchain``); pip/apt
   caches and the builder's requirements file are never allowed.
