@@ -184,3 +184,13 @@ def test_labelling_an_id_builds_from_a_private_name_of_exactly_it(tmp_path, monk
     (_, ref, name), removed = calls
     assert ref == BUILT and seen.read_text().startswith(f"FROM {name}\n")
     assert removed == ("remove", name) and name != BUILT and ":" in name
+
+
+@pytest.mark.parametrize("cut", [0, 700, 1600])
+def test_a_cut_short_save_stream_fails_closed_without_an_exception(cut):
+    archive = save_archive([layer_tar(CLEAN), layer_tar(DIRTY)], "oci", compress="gzip")
+    claims = FakeEngine(archive, 2).inspect_image("t:1")["RootFS"]["Layers"]
+    report = verify_image("t:1", POLICY, engine=FakeEngine(archive[:cut], 2, layers=claims),
+                          raise_on_failure=False)
+    layers = next(f for f in report.findings if f.check == "layers")
+    assert not layers.passed and "docker save stream (unreadable" in layers.detail

@@ -169,3 +169,16 @@ def test_whiteouts_apply_through_directories_and_are_undone_by_a_higher_layer():
 def test_a_path_written_twice_belongs_to_the_higher_layer():
     present = _scan([("usr/bin/gcc", "file"), ("usr/bin/make", "file")], [("usr/bin/gcc", "file")])
     assert present == {"usr/bin/gcc": 1, "usr/bin/make": 0}
+
+
+def test_no_finding_shows_a_secret_or_a_control_character_in_a_path():
+    pip_cache = f"root/.cache/pip/{PASSWORD}\x1b[2J\x07"
+    layer = _tar([_entry(f"models/m/w\n{PASSWORD}.bin"), _entry(pip_cache)],
+                 {f"models/m/w\n{PASSWORD}.bin": b"w", pip_cache: b"c"})
+    archive = save_archive([layer], "oci")
+    report = verify_image("t:1", POLICY, engine=FakeEngine(archive, 1), raise_on_failure=False)
+    details = {f.check: f.detail for f in report.findings}
+    assert "/models/m/w\\x0a***.bin" in details["weights"]
+    assert "/root/.cache/pip/***\\x1b[2J\\x07" in details["tools"]
+    for line in list(details.values()) + report.notes:
+        assert PASSWORD not in line and "\n" not in line and "\x1b" not in line, line

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import stat
 import tarfile
 import zlib
@@ -178,56 +179,60 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
     digests: dict[str, str] = {}  # member → sha256 of its uncompressed bytes, as read
     configs: dict[str, list[str]] = {}  # member → the rootfs.diff_ids it declares
     manifest: Any = None
-    with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), _CHUNK),
-                      mode="r|") as outer:
-        for member in outer:
-            name = posixpath.normpath(member.name.removeprefix("./"))
-            for hit, where in header_hits(member, needles):
-                secret_hits.add(f"{hit} in the {where} of {mask(name, needles)} (docker save)")
-            if member.issym():
-                aliases[name] = posixpath.normpath(
-                    posixpath.join(posixpath.dirname(name), member.linkname))
-                continue
-            if member.islnk():
-                aliases[name] = posixpath.normpath(member.linkname.removeprefix("./"))
-                continue
-            if not member.isfile():
-                continue
-            stream = outer.extractfile(member)
-            if stream is None:
-                continue
-            if name == "manifest.json":
-                data = stream.read(_MAX_SECRET_BYTES)
-                try:
-                    manifest = json.loads(data)
-                except ValueError:
-                    manifest = None
-                for hit in _contains(io.BytesIO(data), needles):
-                    secret_hits.add(f"{hit} in the image config ({name})")
-                continue
-            try:
-                kind, reader, digest = open_blob(stream)
-                if kind == "tar":
-                    scan.results[name] = _scan_layer(reader, mount, needles)
-                elif kind == "empty":
-                    scan.results[name] = {"matched": [], "weights": [], "secrets": []}
-                elif kind == "other":
-                    data = read_up_to(reader, _MAX_SECRET_BYTES + 1)
-                    if len(data) <= _MAX_SECRET_BYTES and (declared := _diff_ids_of(data)):
-                        configs[name] = declared
-                    rest = io.BufferedReader(ChunkReader(_chain(data, reader)), _CHUNK)
-                    for hit in _contains(rest, needles):
-                        secret_hits.add(f"{hit} in the image config ({name})")
-                else:
-                    unreadable[name] = kind
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), _CHUNK),
+                          mode="r|") as outer:
+            for member in outer:
+                name = posixpath.normpath(member.name.removeprefix("./"))
+                for hit, where in header_hits(member, needles):
+                    secret_hits.add(f"{hit} in the {where} of {mask(name, needles)} (docker save)")
+                if member.issym():
+                    aliases[name] = posixpath.normpath(
+                        posixpath.join(posixpath.dirname(name), member.linkname))
                     continue
-                assert digest is not None
-                digests[name] = digest.finish()
-                if digest.trailing and scan.results.pop(name, None) is not None:
-                    unreadable[name] = "data after the end-of-archive blocks"
-            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
-                scan.results.pop(name, None)
-                unreadable[name] = f"unreadable: {exc.__class__.__name__}"
+                if member.islnk():
+                    aliases[name] = posixpath.normpath(member.linkname.removeprefix("./"))
+                    continue
+                if not member.isfile():
+                    continue
+                stream = outer.extractfile(member)
+                if stream is None:
+                    continue
+                if name == "manifest.json":
+                    data = stream.read(_MAX_SECRET_BYTES)
+                    try:
+                        manifest = json.loads(data)
+                    except ValueError:
+                        manifest = None
+                    for hit in _contains(io.BytesIO(data), needles):
+                        secret_hits.add(f"{hit} in the image config ({name})")
+                    continue
+                try:
+                    kind, reader, digest = open_blob(stream)
+                    if kind == "tar":
+                        scan.results[name] = _scan_layer(reader, mount, needles)
+                    elif kind == "empty":
+                        scan.results[name] = {"matched": [], "weights": [], "secrets": []}
+                    elif kind == "other":
+                        data = read_up_to(reader, _MAX_SECRET_BYTES + 1)
+                        if len(data) <= _MAX_SECRET_BYTES and (declared := _diff_ids_of(data)):
+                            configs[name] = declared
+                        rest = io.BufferedReader(ChunkReader(_chain(data, reader)), _CHUNK)
+                        for hit in _contains(rest, needles):
+                            secret_hits.add(f"{hit} in the image config ({name})")
+                    else:
+                        unreadable[name] = kind
+                        continue
+                    assert digest is not None
+                    digests[name] = digest.finish()
+                    if digest.trailing and scan.results.pop(name, None) is not None:
+                        unreadable[name] = "data after the end-of-archive blocks"
+                except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
+                    scan.results.pop(name, None)
+                    unreadable[name] = f"unreadable: {exc.__class__.__name__}"
+    except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
+        # a damaged or cut-short stream: what was read stands, the rest is unscanned
+        scan.unscanned.append(f"the docker save stream (unreadable: {exc.__class__.__name__})")
     entries = manifest if isinstance(manifest, list) else []
     declared: list[str] | None = None
     if len(entries) != 1 or not isinstance(entries[0], dict):
@@ -315,12 +320,16 @@ def header_hits(entry: tarfile.TarInfo, needles: dict[str, bytes]) -> list[tuple
     return sorted(hits)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def mask(path: str, needles: dict[str, bytes]) -> str:
-    """``path`` with every needle in it replaced by ``***`` (a finding never shows a secret)."""
+    """``path`` as a finding may show it: every needle in it replaced by ``***`` (a finding
+    never shows a secret), control characters escaped (a finding is one printable line)."""
     data = _text_bytes(path)
     for needle in sorted(needles.values(), key=len, reverse=True):
         data = data.replace(needle, b"***")
-    return data.decode("utf-8", "replace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", data.decode("utf-8", "replace"))
 
 
 class SparseMapError(ValueError):

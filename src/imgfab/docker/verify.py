@@ -50,7 +50,7 @@ from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 from imgfab.docker.catalogue import (_ALL_PATTERNS, ALWAYS_FORBIDDEN, NOTE_ONLY, PAYLOAD_TOOLKIT,
                                      TOOL_PATHS)
 from imgfab.docker.layers import (_MAX_SECRET_BYTES, _contains, _LayerScan, _scan_directory,
-                                  _scan_layers, local_layer_dirs)
+                                  _scan_layers, local_layer_dirs, mask)
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["ALWAYS_FORBIDDEN", "NOTE_ONLY", "PAYLOAD_TOOLKIT", "TOOL_PATHS", "Finding",
@@ -221,6 +221,10 @@ def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
     scan.base_count = sum(1 for _ in iter_prefix(ours, list(policy.base_diff_ids)))
     report.findings += layer_findings(scan, policy)
     report.notes += scan.notes
+    needles = policy.needles()  # a path or a name shown may hold a secret, or a line break
+    for finding in report.findings:
+        finding.detail = mask(finding.detail, needles)
+    report.notes = [mask(note, needles) for note in report.notes]
     if raise_on_failure and not report.passed:
         listed = "; ".join(f"{f.check}: {f.detail}" for f in report.failures)
         raise ValidationFailed(f"image {ref} failed {len(report.failures)} check(s): {listed}",
