@@ -194,3 +194,13 @@ def test_a_cut_short_save_stream_fails_closed_without_an_exception(cut):
                           raise_on_failure=False)
     layers = next(f for f in report.findings if f.check == "layers")
     assert not layers.passed and "docker save stream (unreadable" in layers.detail
+
+
+def test_a_corrupt_zstd_layer_fails_closed_without_an_exception():
+    archive = save_archive([layer_tar(DIRTY)], "oci", compress="zstd")
+    at = archive.index(b"\x28\xb5\x2f\xfd") + 40
+    damaged = archive[:at] + bytes([archive[at] ^ 0xff]) + archive[at + 1:]
+    claims = FakeEngine(archive, 1).inspect_image("t:1")["RootFS"]["Layers"]
+    report = verify_image("t:1", POLICY, engine=FakeEngine(damaged, 1, layers=claims),
+                          raise_on_failure=False)
+    assert {f.check: f.passed for f in report.findings}["layers"] is False

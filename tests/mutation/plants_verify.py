@@ -44,6 +44,9 @@ PLANTS = [
          path="docker/layers.py",
          old="    except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:\n        # a damaged",
          new="    except ZeroDivisionError as exc:\n        # a damaged", first=_BINDING),
+    dict(name="verify-hash: zstd corruption escapes as ZstdError", path="docker/blobs.py",
+         old="            raise ValueError(f\"zstd: {exc}\") from None", new="            raise",
+         first=_BINDING),
     # --- secrets in headers --------------------------------------------------------------------
     dict(name="verify-headers: layer entry headers not searched", path="docker/layers.py",
          old="            for hit, where in header_hits(entry, needles):\n                secrets.add(",

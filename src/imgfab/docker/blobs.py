@@ -76,6 +76,20 @@ class Digest(io.RawIOBase):
         return "sha256:" + self._hash.hexdigest()
 
 
+class _ZstdReader:
+    """A zstd stream reader whose corruption errors are ValueError, as gzip's are OSError."""
+
+    def __init__(self, stream: Any, error: type[Exception]):
+        self._stream = stream
+        self._error = error
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._stream.read(size)
+        except self._error as exc:
+            raise ValueError(f"zstd: {exc}") from None
+
+
 def read_up_to(stream: Any, size: int) -> bytes:
     data = b""
     while len(data) < size:
@@ -112,7 +126,8 @@ def open_blob(stream: Any) -> tuple[str, Any, Digest | None]:
         except ImportError:
             return "zstd blob, and the zstandard module is not installed", None, None
         decompressor = zstandard.ZstdDecompressor()
-        reader = decompressor.stream_reader(reader, read_across_frames=True)
+        reader = _ZstdReader(decompressor.stream_reader(reader, read_across_frames=True),
+                             zstandard.ZstdError)
     digest = Digest(reader)
     head, reader = peek(digest)
     digest.reader = reader
