@@ -182,3 +182,23 @@ def test_no_finding_shows_a_secret_or_a_control_character_in_a_path():
     assert "/root/.cache/pip/***\\x1b[2J\\x07" in details["tools"]
     for line in list(details.values()) + report.notes:
         assert PASSWORD not in line and "\n" not in line and "\x1b" not in line, line
+
+
+@pytest.mark.parametrize("hidden", [
+    _entry(f"etc/{PASSWORD}", pax_headers={"path": "etc/innocent"}),  # ustar name, overridden
+    _entry("etc/l", type=tarfile.SYMTYPE, linkname=f"/{PASSWORD}",
+           pax_headers={"linkpath": "/ok"}),
+    _entry("etc/o", uname=PASSWORD, pax_headers={"uname": "nobody"}),
+])
+def test_a_secret_in_a_header_field_a_pax_record_overrides_is_found(hidden):
+    secrets = _secrets(_tar([hidden]))
+    assert not secrets.passed and "in a tar header or the padding of the layer" in secrets.detail
+
+
+def test_a_secret_in_an_unreadable_layer_is_reported_too():
+    layer = layer_tar({"etc/x": PASSWORD.encode()})
+    broken = layer[:148] + b"\xff" * 8 + layer[156:]  # a bad checksum: tarfile stops reading
+    archive = save_archive([broken], "oci")
+    report = verify_image("t:1", POLICY, engine=FakeEngine(archive, 1), raise_on_failure=False)
+    details = {f.check: f.detail for f in report.findings}
+    assert "unreadable" in details["layers"] and "in the unreadable blob" in details["secrets"]

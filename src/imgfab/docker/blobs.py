@@ -45,11 +45,17 @@ class ChunkReader(io.RawIOBase):
 
 
 class Digest(io.RawIOBase):
-    """A reader over ``stream`` that hashes (sha256) every byte passed through it."""
+    """A reader over ``stream`` that hashes (sha256) every byte passed through it, and
+    searches those bytes for ``needles`` (name → bytes): ``found`` names the needles seen
+    anywhere in the stream (headers and padding included, not only what a tar reader yields)."""
 
-    def __init__(self, stream: Any):
+    def __init__(self, stream: Any, needles: dict[str, bytes] | None = None):
         self._stream = stream
         self._hash = hashlib.sha256()
+        self._needles = dict(needles or {})
+        self._overlap = max((len(n) for n in self._needles.values()), default=1) - 1
+        self._tail = b""
+        self.found: set[str] = set()
         self.size = 0
         self.reader: Any = None  # the reader handed out on top of this one (drained by finish)
         self.trailing = False  # finish() found non-zero bytes the consumer had left unread
@@ -65,6 +71,10 @@ class Digest(io.RawIOBase):
         target[:size] = data
         self._hash.update(data)
         self.size += size
+        if self._needles:
+            window = self._tail + data
+            self.found.update(name for name, needle in self._needles.items() if needle in window)
+            self._tail = window[-self._overlap:] if self._overlap else b""
         return size
 
     def finish(self) -> str:
@@ -112,11 +122,13 @@ def peek(stream: Any, size: int = 1024) -> tuple[bytes, Any]:
     return head, io.BufferedReader(ChunkReader(chunks()), CHUNK)
 
 
-def open_blob(stream: Any) -> tuple[str, Any, Digest | None]:
+def open_blob(stream: Any, needles: dict[str, bytes] | None = None
+              ) -> tuple[str, Any, Digest | None]:
     """Classify one archive member by content: ``("tar", reader, digest)`` for a layer
     (decompressed when gzip or zstd), ``("empty", reader, digest)`` for an all-zero empty tar,
     ``("other", reader, digest)`` for anything else; ``("<why>", None, None)`` when it cannot
-    be decompressed. ``digest`` hashes the uncompressed bytes the reader yields."""
+    be decompressed. ``digest`` hashes the uncompressed bytes the reader yields, and searches
+    them for ``needles``."""
     head, reader = peek(stream)
     if head.startswith(_GZIP_MAGIC):
         reader = gzip.GzipFile(fileobj=reader, mode="rb")
@@ -128,7 +140,7 @@ def open_blob(stream: Any) -> tuple[str, Any, Digest | None]:
         decompressor = zstandard.ZstdDecompressor()
         reader = _ZstdReader(decompressor.stream_reader(reader, read_across_frames=True),
                              zstandard.ZstdError)
-    digest = Digest(reader)
+    digest = Digest(reader, needles)
     head, reader = peek(digest)
     digest.reader = reader
     if len(head) >= 262 and head[257:262] == b"ustar":

@@ -207,8 +207,9 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
                     for hit in _contains(io.BytesIO(data), needles):
                         secret_hits.add(f"{hit} in the image config ({name})")
                     continue
+                digest = None
                 try:
-                    kind, reader, digest = open_blob(stream)
+                    kind, reader, digest = open_blob(stream, needles)
                     if kind == "tar":
                         scan.results[name] = _scan_layer(reader, mount, needles)
                     elif kind == "empty":
@@ -225,11 +226,19 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
                         continue
                     assert digest is not None
                     digests[name] = digest.finish()
+                    if name in scan.results:  # bytes no entry accounts for: headers, padding
+                        located = scan.results[name]["secrets"]
+                        scan.results[name]["secrets"] = sorted(set(located) | {
+                            f"{hit} in a tar header or the padding of the layer"
+                            for hit in digest.found
+                            if not any(line.startswith(hit + " in ") for line in located)})
                     if digest.trailing and scan.results.pop(name, None) is not None:
                         unreadable[name] = "data after the end-of-archive blocks"
                 except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
                     scan.results.pop(name, None)
                     unreadable[name] = f"unreadable: {exc.__class__.__name__}"
+                    secret_hits.update(f"{hit} in the unreadable blob {mask(name, needles)}"
+                                       for hit in (digest.found if digest else ()))
     except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
         # a damaged or cut-short stream: what was read stands, the rest is unscanned
         scan.unscanned.append(f"the docker save stream (unreadable: {exc.__class__.__name__})")
