@@ -140,7 +140,7 @@ def test_build_log_lines_are_redacted(capsys):
     assert PASSWORD not in capsys.readouterr().err
 
 
-def test_image_registry_of_the_recipe_is_used(tmp_path, recorder):
+def test_image_registry_of_the_recipe_is_used(tmp_path, recorder, monkeypatch):
     data = yaml.safe_load(RECIPE.read_text())
     data = copy.deepcopy(data)
     data["image"]["registry"] = "registry.example:5000"
@@ -148,10 +148,30 @@ def test_image_registry_of_the_recipe_is_used(tmp_path, recorder):
     recipe.write_text(yaml.safe_dump(data))
     lock = RECIPE.with_name(f"{data['name']}.lock")  # the payload lock sits next to its recipe
     (tmp_path / lock.name).write_text(lock.read_text())
+    _through_verify(monkeypatch, recorder)
     _build(tmp_path, recipe=recipe)
     assert any(t.startswith("registry.example:5000/") for t in recorder["tags"]), recorder["tags"]
     _build(tmp_path, recipe=recipe, registry="other.example")
     assert not any(t.startswith("registry.example:5000/") for t in recorder["tags"])
+
+
+def _through_verify(monkeypatch, recorder):
+    """The build passes verify and the payload check; the tags it gives the verified image
+    (engine.add_labels) are recorded, then it stops."""
+    from types import SimpleNamespace
+
+    from imgfab.docker import verify
+    from imgfab.payload import measure
+
+    def labelled(image, labels, tags):
+        recorder["tags"] = list(tags)
+        raise EngineError("stopped by the test")
+
+    monkeypatch.setattr(engine, "build", lambda *a, **k: engine.BuildResult("sha256:" + "a" * 64, 1.0))
+    monkeypatch.setattr(build_module, "_base_diff_ids", lambda ref: ())
+    monkeypatch.setattr(verify, "verify_image", lambda ref, policy: SimpleNamespace(notes=[]))
+    monkeypatch.setattr(measure, "check_image", lambda *a, **k: SimpleNamespace(labels={}, notes=[]))
+    monkeypatch.setattr(engine, "add_labels", labelled)
 
 
 @pytest.mark.parametrize("url", ["https://pypi.example/simple\n", "https://pypi.example/\rsimple",

@@ -47,13 +47,14 @@ def _compress(data: bytes, how: str) -> bytes:
 
 def save_archive(layers: list[bytes], layout: str, *, compress: str = "none",
                  drop: int | None = None, corrupt: int | None = None,
-                 history: list[dict] | None = None) -> bytes:
+                 history: list[dict] | None = None, declared: list[str] | None = None) -> bytes:
     """A ``docker save`` archive of one image with ``layers`` (bottom first).
 
     ``drop``: leave listed layer number ``drop`` out of the archive; ``corrupt``: replace its
-    bytes with a truncated gzip stream."""
+    bytes with a truncated gzip stream; ``declared``: the config's diff ids (default: the
+    layers' true hashes)."""
     config = json.dumps({"config": {"User": "imgfab"}, "history": history or [],
-                         "rootfs": {"type": "layers", "diff_ids": [
+                         "rootfs": {"type": "layers", "diff_ids": declared or [
                              "sha256:" + hashlib.sha256(l).hexdigest() for l in layers]}})
     members: list[tuple[str, bytes | str]] = []  # name → bytes, or str for a symlink target
     listed = []
@@ -101,22 +102,41 @@ def save_archive(layers: list[bytes], layout: str, *, compress: str = "none",
     return buffer.getvalue()
 
 
-class FakeEngine:
-    """The engine edge: inspect (no overlay2 dirs, so the save stream is read) and save."""
+def declared_diff_ids(archive: bytes) -> list[str]:
+    """The ``rootfs.diff_ids`` of the image config in ``archive`` (what inspect reports)."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+        return json.load(tar.extractfile(manifest[0]["Config"]))["rootfs"]["diff_ids"]
 
-    def __init__(self, archive: bytes, count: int):
+
+class FakeEngine:
+    """The engine edge: inspect (no overlay2 dirs, so the save stream is read) and save.
+    inspect reports the archive's diff ids (padded with made-up ones up to ``count``), or
+    ``layers`` when given."""
+
+    def __init__(self, archive: bytes, count: int, layers: list[str] | None = None):
         self.archive = archive
         self.count = count
+        self.layers = layers
+        self.refs: list[tuple[str, str]] = []
 
     def inspect_image(self, ref):
-        return {"Config": {"User": "imgfab", "Labels": {}, "Env": ["NVIDIA_REQUIRE_CUDA=x"],
+        self.refs.append(("inspect", ref))
+        layers = self.layers
+        if layers is None:
+            layers = (declared_diff_ids(self.archive) if self.archive else [])[:self.count]
+            layers += [f"sha256:{i:064x}" for i in range(len(layers), self.count)]
+        return {"Id": "sha256:" + "1" * 64,
+                "Config": {"User": "imgfab", "Labels": {}, "Env": ["NVIDIA_REQUIRE_CUDA=x"],
                            "Healthcheck": {"Test": ["CMD", "true"]}},
-                "RootFS": {"Layers": [f"sha256:{i:064x}" for i in range(self.count)]}}
+                "RootFS": {"Layers": layers}}
 
     def save_stream(self, ref):
+        self.refs.append(("save", ref))
         return (self.archive[i:i + 1000] for i in range(0, len(self.archive), 1000))
 
     def image_history(self, ref):
+        self.refs.append(("history", ref))
         return []
 
 

@@ -8,9 +8,12 @@
    ``{mirror}/{ref}``), optionally pinned to the digest the registry serves now;
 3. ``docker build`` through :mod:`imgfab.docker.engine` with the CA bundle and a pip configuration as
    BuildKit secrets (the pip.conf is a temporary file outside the context, gone afterwards);
-4. tag ``<registry>/<repository>:<tag>`` (with a registry) and ``<repository>:<tag>``;
-5. :mod:`imgfab.docker.verify` (a rejected image loses its tags: nothing half-written remains;
-   so does one whose build or verify is interrupted or fails, :mod:`imgfab.docker.unverified`);
+4. :mod:`imgfab.docker.verify` of the image ID the build wrote (``--iidfile``), never of a
+   tag another build could move meanwhile; a rejected image is removed, nothing half-written
+   remains;
+5. tag ``<registry>/<repository>:<tag>`` (with a registry) and ``<repository>:<tag>``: the
+   verified ID, relabelled with the measured payload (an interrupt or a failure before the
+   end takes back every tag that moved, :mod:`imgfab.docker.unverified`);
 6. optionally the smoke test the caller passes (``BuildOptions.smoke_hook``: imgfab smoke's
    run shapes; a failed smoke blocks the push);
 7. optionally push through :mod:`imgfab.docker.registry`.
@@ -348,8 +351,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     remote_ref = f"{options.registry.rstrip('/')}/{local_ref}" if options.registry else None
     if remote_ref:
         tags.append(remote_ref)
-    # From the build until verify and the payload check pass, the tags name an unverified
-    # image: an interrupt or a failure in between takes back every tag the build moved.
+    # Until verify and the payload check pass and the names are given, an interrupt or a
+    # failure takes back every tag that moved (the build itself names nothing).
     with UnverifiedTags(tags) as hold:
         with tempfile.TemporaryDirectory(prefix="imgfab-secrets-") as scratch:
             secrets: dict[str, Path] = {}
@@ -361,27 +364,27 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                     secrets["pip-conf"].read_bytes(), pip_source_key())
             if strategy == "two-phase":
                 _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
-            result = engine.build(context, tags=tags, build_args=build_args, secrets=secrets,
+            # No tag yet: what is judged is the ID this build wrote, and only it gets the names.
+            result = engine.build(context, tags=[], build_args=build_args, secrets=secrets,
                                   network=options.network, on_line=on_line, no_cache=options.no_cache)
             policy = policy_for(recipe, stack, matrix, secrets)
             secret_names = list(secrets)
         policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
+        image_id = result.image_id
         try:
-            report = verify_image(local_ref, policy)
+            report = verify_image(image_id, policy)
         except ValidationFailed:
-            for ref in tags:  # a rejected image keeps no name that could be pushed or run
-                engine.remove_image(ref)
+            _reject(image_id, tags)
             raise
         # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
         # a disagreement rejects the image like verify does, and the measured values become labels.
         from imgfab.payload import measure as payload  # noqa: PLC0415
         try:
-            measured = payload.check_image(local_ref, stack.to_dict(), matrix, engine=engine)
+            measured = payload.check_image(image_id, stack.to_dict(), matrix, engine=engine)
         except ValidationFailed:
-            for ref in tags:
-                engine.remove_image(ref)
+            _reject(image_id, tags)
             raise
-        relabelled = engine.add_labels(local_ref, measured.labels, tags)
+        relabelled = engine.add_labels(image_id, measured.labels, tags)
         hold.verified()
     report.notes.extend(measured.notes)
     size = int(engine.inspect_image(local_ref).get("Size") or 0)
@@ -407,7 +410,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         # --registry may carry a namespace (ghcr.io/<owner>): credentials are the host's.
         credentials = registry.Credentials.load(options.registry.split("/", 1)[0],
                                                 options.registry_user, options.registry_password)
-        built.pushed = registry.push(local_ref, remote_ref, credentials=credentials,
+        built.pushed = registry.push(built.image_id, remote_ref, credentials=credentials,
                                      on_line=on_line, retag=options.retag)
         if options.publish_hook is not None:
             from imgfab.payload.lock import lock_path  # noqa: PLC0415
@@ -420,6 +423,23 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                 started=started, finished=_now(), rerender=rerender)
             built.publish = options.publish_hook(built, record)
     return built
+
+
+def _reject(image_id: str, tags: list[str]) -> None:
+    """A rejected image keeps no name that could be pushed or run: each of ``tags`` that names
+    it is removed (a tag another build holds stays), then the image; best effort."""
+    from imgfab.errors import EngineError  # noqa: PLC0415
+
+    for ref in tags:
+        try:
+            if engine.inspect_image(ref).get("Id") == image_id:
+                engine.remove_image(ref)
+        except EngineError:
+            pass
+    try:
+        engine.remove_image(image_id)
+    except EngineError:
+        pass
 
 
 def _now() -> str:

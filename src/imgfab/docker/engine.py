@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from secrets import token_hex
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -429,13 +430,26 @@ def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, 
     """A child of ``image`` that differs only in ``labels`` (no layer), tagged ``tags``.
 
     Built from a two-line Dockerfile on stdin; returns the new image id. Raises EngineError.
+    ``image`` may be an image ID (``sha256:…``): BuildKit resolves ``FROM`` by name only, so
+    the ID gets a private, random name for this build, removed afterwards.
     """
-    lines = [f"FROM {image}"]
+    source = image
+    if image.startswith("sha256:"):
+        source = f"imgfab-labelling/{image[7:19]}:{token_hex(8)}"
+        tag(image, source)
+    lines = [f"FROM {source}"]
     if labels:
         lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
     command = [docker_cli(), "build", "--quiet", *(arg for t in tags for arg in ("--tag", t)), "-"]
-    done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True,
-                          env=_build_env(), timeout=300, check=False)
+    try:
+        done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True,
+                              text=True, env=_build_env(), timeout=300, check=False)
+    finally:
+        if source != image:
+            try:
+                remove_image(source)
+            except EngineError:
+                pass
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise EngineError(f"labelling {image} failed: {tail}", field="engine", fix="see the message")

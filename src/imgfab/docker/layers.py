@@ -10,11 +10,11 @@ imgfab.docker.verify's job.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
 import posixpath
+import re
 import stat
 import tarfile
 import zlib
@@ -23,41 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgfab.docker.blobs import CHUNK as _CHUNK
+from imgfab.docker.blobs import ChunkReader, open_blob, read_up_to
 from imgfab.docker.catalogue import _ALL_PATTERNS
 
 
-_CHUNK = 4 * 1024 * 1024
-
-
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
 _MAX_SECRET_BYTES = 16 * 1024 * 1024
-
-
-class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterator of byte chunks (for tarfile's stream mode)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._buffer = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(target), len(self._buffer))
-        target[:size] = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return size
 
 
 def _contains(stream: Any, needles: dict[str, bytes]) -> list[str]:
@@ -84,6 +55,8 @@ class _LayerScan:
     # layer tar name → [(path, kind)] for the paths the tool catalogue matches, and whiteouts
     layers: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
+    # sha256 of each ordered layer's uncompressed bytes as read (the verified diff ids)
+    diff_ids: list[str] = field(default_factory=list)
     base_count: int = 0
     # layer name → its cacheable result ({"matched", "weights", "secrets"})
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -98,19 +71,38 @@ class _LayerScan:
 
     def final_paths(self) -> dict[str, int]:
         """Catalogue-matched paths in the final filesystem (whiteouts applied) → the index
-        of the layer that last wrote them."""
+        of the layer that last wrote them.
+
+        Linear in the entries (times the path depth): the layers are walked top first, and a
+        path is present unless a higher layer wrote it already, whited it (or a directory above
+        it) out, or made a directory above it opaque. A layer's whiteouts hide only the layers
+        below it."""
         present: dict[str, int] = {}
-        for index, layer in enumerate(self.order or sorted(self.layers)):
-            for path, kind in self.layers.get(layer, []):
-                if kind == "opaque":
-                    present = {p: i for p, i in present.items() if not p.startswith(path + "/")}
-                elif kind == "whiteout":
-                    present = {p: i for p, i in present.items()
-                               if p != path and not p.startswith(path + "/")}
-                else:
-                    present[path] = index
+        gone: set[str] = set()  # whited out: the path and everything under it
+        emptied: set[str] = set()  # opaque: everything under the directory
+        order = self.order or sorted(self.layers)
+        for index in range(len(order) - 1, -1, -1):
+            entries = self.layers.get(order[index], [])
+            for path, kind in entries:
+                if kind in ("opaque", "whiteout") or path in present:
+                    continue
+                if path in gone or any(parent in gone or parent in emptied
+                                       for parent in _parents(path)):
+                    continue
+                present[path] = index
+            for path, kind in entries:
+                if kind == "whiteout":
+                    gone.add(path)
+                elif kind == "opaque":
+                    emptied.add(path)
         return present
 
+
+def _parents(path: str) -> Iterator[str]:
+    """``a/b/c`` → ``a/b``, ``a``."""
+    while "/" in path:
+        path = path.rsplit("/", 1)[0]
+        yield path
 
 
 def local_layer_dirs(info: dict[str, Any], layers: list[str]) -> list[Path] | None:
@@ -147,6 +139,12 @@ def _scan_directory(root: Path, mount: str, policy: Any) -> dict[str, Any]:
             path = posixpath.join(relative_dir, name) if relative_dir else name
             full = os.path.join(directory, name)
             info = os.lstat(full)
+            for hit in sorted(h for h, needle in needles.items() if needle in os.fsencode(path)):
+                secrets.append(f"{hit} in the name of /{mask(path, needles)}")
+            if stat.S_ISLNK(info.st_mode):
+                target = os.fsencode(os.readlink(full))
+                secrets += [f"{hit} in the link target of /{mask(path, needles)}"
+                            for hit, needle in sorted(needles.items()) if needle in target]
             if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
                 matched.append([path, "whiteout"])
                 continue
@@ -156,7 +154,8 @@ def _scan_directory(root: Path, mount: str, policy: Any) -> dict[str, Any]:
                 matched.append([path, "file"])
             if stat.S_ISREG(info.st_mode) and needles:
                 with open(full, "rb") as handle:
-                    secrets += [f"{hit} in /{path}" for hit in _contains(handle, needles)]
+                    secrets += [f"{hit} in /{mask(path, needles)}"
+                                for hit in _contains(handle, needles)]
     return {"matched": matched, "weights": weights, "secrets": secrets}
 
 
@@ -165,9 +164,11 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
 
     Every regular member is classified by its content, not its name: a tar (possibly gzip or
     zstd compressed) is scanned as a layer, anything else (configs, index files) is searched for
-    secrets. Symlinks and hard links (legacy saves link duplicate layers) are followed. Then
-    exactly the layers ``manifest.json`` lists are merged in its order; a listed layer that was
-    not read is recorded in ``unscanned`` (the ``layers`` finding fails).
+    secrets. Symlinks and hard links (legacy saves link duplicate layers) are followed. Every
+    member's uncompressed bytes are hashed as they are read. Then exactly the layers
+    ``manifest.json`` lists are merged in its order, each with the hash it was read as
+    (``diff_ids``); a listed layer that was not read, or whose hash is not the diff id the
+    image config lists at its place, is recorded in ``unscanned`` (the ``layers`` finding fails).
     """
     scan = _LayerScan()
     mount = policy.mount
@@ -175,64 +176,102 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
     secret_hits: set[str] = set()
     aliases: dict[str, str] = {}
     unreadable: dict[str, str] = {}
+    digests: dict[str, str] = {}  # member → sha256 of its uncompressed bytes, as read
+    configs: dict[str, list[str]] = {}  # member → the rootfs.diff_ids it declares
     manifest: Any = None
-    with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), _CHUNK),
-                      mode="r|") as outer:
-        for member in outer:
-            name = posixpath.normpath(member.name.removeprefix("./"))
-            if member.issym():
-                aliases[name] = posixpath.normpath(
-                    posixpath.join(posixpath.dirname(name), member.linkname))
-                continue
-            if member.islnk():
-                aliases[name] = posixpath.normpath(member.linkname.removeprefix("./"))
-                continue
-            if not member.isfile():
-                continue
-            stream = outer.extractfile(member)
-            if stream is None:
-                continue
-            if name == "manifest.json":
-                data = stream.read(_MAX_SECRET_BYTES)
-                try:
-                    manifest = json.loads(data)
-                except ValueError:
-                    manifest = None
-                for hit in _contains(io.BytesIO(data), needles):
-                    secret_hits.add(f"{hit} in the image config ({name})")
-                continue
-            try:
-                kind, reader = _open_blob(stream)
-                if kind == "tar":
-                    scan.results[name] = _scan_layer(reader, mount, needles)
-                elif kind == "empty":
-                    scan.results[name] = {"matched": [], "weights": [], "secrets": []}
-                elif kind == "other":
-                    for hit in _contains(reader, needles):
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), _CHUNK),
+                          mode="r|") as outer:
+            for member in outer:
+                name = posixpath.normpath(member.name.removeprefix("./"))
+                for hit, where in header_hits(member, needles):
+                    secret_hits.add(f"{hit} in the {where} of {mask(name, needles)} (docker save)")
+                if member.issym():
+                    aliases[name] = posixpath.normpath(
+                        posixpath.join(posixpath.dirname(name), member.linkname))
+                    continue
+                if member.islnk():
+                    aliases[name] = posixpath.normpath(member.linkname.removeprefix("./"))
+                    continue
+                if not member.isfile():
+                    continue
+                stream = outer.extractfile(member)
+                if stream is None:
+                    continue
+                if name == "manifest.json":
+                    data = stream.read(_MAX_SECRET_BYTES)
+                    try:
+                        manifest = json.loads(data)
+                    except ValueError:
+                        manifest = None
+                    for hit in _contains(io.BytesIO(data), needles):
                         secret_hits.add(f"{hit} in the image config ({name})")
-                else:
-                    unreadable[name] = kind
-            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
-                unreadable[name] = f"unreadable: {exc.__class__.__name__}"
+                    continue
+                digest = None
+                try:
+                    kind, reader, digest = open_blob(stream, needles)
+                    if kind == "tar":
+                        scan.results[name] = _scan_layer(reader, mount, needles)
+                    elif kind == "empty":
+                        scan.results[name] = {"matched": [], "weights": [], "secrets": []}
+                    elif kind == "other":
+                        data = read_up_to(reader, _MAX_SECRET_BYTES + 1)
+                        if len(data) <= _MAX_SECRET_BYTES and (declared := _diff_ids_of(data)):
+                            configs[name] = declared
+                        rest = io.BufferedReader(ChunkReader(_chain(data, reader)), _CHUNK)
+                        for hit in _contains(rest, needles):
+                            secret_hits.add(f"{hit} in the image config ({name})")
+                    else:
+                        unreadable[name] = kind
+                        continue
+                    assert digest is not None
+                    digests[name] = digest.finish()
+                    if name in scan.results:  # bytes no entry accounts for: headers, padding
+                        located = scan.results[name]["secrets"]
+                        scan.results[name]["secrets"] = sorted(set(located) | {
+                            f"{hit} in a tar header or the padding of the layer"
+                            for hit in digest.found
+                            if not any(line.startswith(hit + " in ") for line in located)})
+                    if digest.trailing and scan.results.pop(name, None) is not None:
+                        unreadable[name] = "data after the end-of-archive blocks"
+                except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
+                    scan.results.pop(name, None)
+                    unreadable[name] = f"unreadable: {exc.__class__.__name__}"
+                    secret_hits.update(f"{hit} in the unreadable blob {mask(name, needles)}"
+                                       for hit in (digest.found if digest else ()))
+    except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
+        # a damaged or cut-short stream: what was read stands, the rest is unscanned
+        scan.unscanned.append(f"the docker save stream (unreadable: {exc.__class__.__name__})")
     entries = manifest if isinstance(manifest, list) else []
+    declared: list[str] | None = None
     if len(entries) != 1 or not isinstance(entries[0], dict):
         scan.unscanned.append("manifest.json (missing, or not exactly one image)")
         listed: list[str] = []
     else:
         listed = [posixpath.normpath(str(n).removeprefix("./")) for n in
                   entries[0].get("Layers") or []]
-    for name in listed:
-        target = name
-        for _ in range(16):  # links of links, bounded
-            if target not in aliases:
-                break
-            target = aliases[target]
+        config = posixpath.normpath(str(entries[0].get("Config") or "").removeprefix("./"))
+        declared = configs.get(_follow(config, aliases))
+        if declared is None:
+            scan.unscanned.append(f"{config} (the image config: not in the archive, or it "
+                                  "lists no rootfs.diff_ids)")
+        elif len(declared) != len(listed):
+            scan.unscanned.append(f"{config} (the image config lists {len(declared)} diff ids, "
+                                  f"manifest.json {len(listed)} layers)")
+    for index, name in enumerate(listed):
+        target = _follow(name, aliases)
         result = scan.results.get(target)
         if result is None:
             why = unreadable.get(target, "not in the archive")
             scan.unscanned.append(f"{name} ({why})")
             continue
+        digest = digests[target]
+        claimed = declared[index] if declared and index < len(declared) else None
+        if declared and claimed != digest:
+            scan.unscanned.append(f"{name} (its bytes hash to {digest[:19]}…, the image config "
+                                  f"lists {str(claimed)[:19]}… at layer {index + 1})")
         scan.order.append(name)
+        scan.diff_ids.append(digest)
         scan.results[name] = result
         scan.layers[name] = [(p, k) for p, k in result["matched"]]
         scan.weights += result["weights"]
@@ -242,48 +281,101 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
     return scan
 
 
-def _read_up_to(stream: Any, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = stream.read(size - len(data))
-        if not chunk:
+def _follow(name: str, aliases: dict[str, str]) -> str:
+    for _ in range(16):  # links of links, bounded
+        if name not in aliases:
             break
-        data += chunk
-    return data
+        name = aliases[name]
+    return name
 
 
-def _peek(stream: Any, size: int = 1024) -> tuple[bytes, Any]:
-    """The first ``size`` bytes of ``stream`` and a reader that still yields all of it."""
-    head = _read_up_to(stream, size)
+def _chain(first: bytes, stream: Any) -> Iterator[bytes]:
+    yield first
+    while chunk := stream.read(_CHUNK):
+        yield chunk
+
+
+def _diff_ids_of(data: bytes) -> list[str] | None:
+    """The ``rootfs.diff_ids`` an image config declares, when ``data`` is one."""
+    try:
+        config = json.loads(data)
+    except ValueError:
+        return None
+    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if isinstance(diff_ids, list) and all(isinstance(d, str) for d in diff_ids):
+        return list(diff_ids)
+    return None
+
+
+def _text_bytes(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def header_hits(entry: tarfile.TarInfo, needles: dict[str, bytes]) -> list[tuple[str, str]]:
+    """``(needle name, where)`` for each needle in an entry's header: its name, its link
+    target, its owner names and each PAX record (key and value); these bytes are in the layer
+    as much as a file's contents are."""
+    fields = [("name", entry.name), ("link target", entry.linkname),
+              ("owner", entry.uname), ("group", entry.gname)]
+    fields += [("PAX record", f"{key}={value}") for key, value in entry.pax_headers.items()]
+    hits: set[tuple[str, str]] = set()
+    for where, text in fields:
+        data = _text_bytes(text or "")
+        hits.update((name, where) for name, needle in needles.items() if needle in data)
+    return sorted(hits)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def mask(path: str, needles: dict[str, bytes]) -> str:
+    """``path`` as a finding may show it: every needle in it replaced by ``***`` (a finding
+    never shows a secret), control characters escaped (a finding is one printable line)."""
+    data = _text_bytes(path)
+    for needle in sorted(needles.values(), key=len, reverse=True):
+        data = data.replace(needle, b"***")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", data.decode("utf-8", "replace"))
+
+
+class SparseMapError(ValueError):
+    """A sparse member's map is not sorted, or runs past the size it announces."""
+
+
+def _stored_bytes(inner: tarfile.TarFile, entry: tarfile.TarInfo) -> Any:
+    """A reader of what an entry stores in the layer. A sparse entry yields only its data
+    segments (one zero byte stands for each hole): its announced size is not read as zeros,
+    so the work is bounded by the layer's real size. A sparse map that is not sorted or runs
+    past the announced size is refused (:class:`SparseMapError`: the layer is unscanned)."""
+    content = inner.extractfile(entry)
+    if content is None or not entry.issparse():
+        return content
+    segments = list(entry.sparse or [])
+    end = 0
+    for offset, size in segments:
+        if offset < end or size < 0 or offset + size > entry.size:
+            raise SparseMapError(f"sparse map of {entry.name!r} is not sorted or exceeds its size")
+        end = offset + size
+    raw = content.raw  # seek only sets the position; reads move forward through the stream
 
     def chunks() -> Iterator[bytes]:
-        if head:
-            yield head
-        while chunk := stream.read(_CHUNK):
-            yield chunk
-    return head, io.BufferedReader(_ChunkReader(chunks()), _CHUNK)
-
-
-def _open_blob(stream: Any) -> tuple[str, Any]:
-    """Classify one archive member by content: ``("tar", reader)`` for a layer (decompressed
-    when gzip or zstd), ``("empty", None)`` for an all-zero empty tar, ``("other", reader)``
-    for anything else; ``("<why>", None)`` when it cannot be decompressed."""
-    head, reader = _peek(stream)
-    if head.startswith(_GZIP_MAGIC):
-        head, reader = _peek(gzip.GzipFile(fileobj=reader, mode="rb"))
-    elif head.startswith(_ZSTD_MAGIC):
-        try:
-            import zstandard  # noqa: PLC0415
-        except ImportError:
-            return "zstd blob, and the zstandard module is not installed", None
-        decompressor = zstandard.ZstdDecompressor()
-        head, reader = _peek(decompressor.stream_reader(reader, read_across_frames=True))
-    if len(head) >= 262 and head[257:262] == b"ustar":
-        return "tar", reader
-    if len(head) >= 512 and not head.strip(b"\0"):
-        rest = reader.read(_CHUNK)
-        return ("empty", None) if not rest.strip(b"\0") else ("tar", reader)
-    return "other", reader
+        position = 0
+        for offset, size in segments:
+            if offset > position:
+                yield b"\0"
+            raw.seek(offset)
+            left = size
+            while left > 0:
+                chunk = raw.read(min(_CHUNK, left))
+                if not chunk:
+                    raise ValueError(f"sparse data of {entry.name!r} is truncated")
+                left -= len(chunk)
+                yield chunk
+            position = offset + size
+    return io.BufferedReader(ChunkReader(chunks()), _CHUNK)
 
 
 def _scan_layer(stream: Any, mount: str, needles: dict[str, bytes]) -> dict[str, Any]:
@@ -291,6 +383,7 @@ def _scan_layer(stream: Any, mount: str, needles: dict[str, bytes]) -> dict[str,
 
     Whiteout-named entries record the deletion, and a whiteout that carries bytes is still
     searched (its bytes are in the pushed layer even though the engine drops the file).
+    Every entry's header (name, link target, PAX records) is searched as well as its bytes.
     """
     matched: list[list[str]] = []
     weights: list[str] = []
@@ -298,6 +391,8 @@ def _scan_layer(stream: Any, mount: str, needles: dict[str, bytes]) -> dict[str,
     with tarfile.open(fileobj=stream, mode="r|") as inner:
         for entry in inner:
             path = posixpath.normpath(entry.name.removeprefix("./").lstrip("/"))
+            for hit, where in header_hits(entry, needles):
+                secrets.add(f"{hit} in the {where} of /{mask(path, needles)}")
             if path == ".":
                 continue
             base = posixpath.basename(path)
@@ -314,8 +409,8 @@ def _scan_layer(stream: Any, mount: str, needles: dict[str, bytes]) -> dict[str,
             if not whiteout and _ALL_PATTERNS.fullmatch(path):
                 matched.append([path, "file"])
             if entry.isfile() and needles:
-                content = inner.extractfile(entry)
+                content = _stored_bytes(inner, entry)
                 if content is not None:
                     for name in _contains(content, needles):
-                        secrets.add(f"{name} in /{path}")
+                        secrets.add(f"{name} in /{mask(path, needles)}")
     return {"matched": matched, "weights": weights, "secrets": sorted(secrets)}

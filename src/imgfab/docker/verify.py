@@ -1,7 +1,8 @@
 """Post-build checks on a built runtime image; each check is a :class:`Finding`.
 
 :func:`verify_image` reads the image through :mod:`imgfab.docker.engine` (``docker inspect`` and a
-streamed ``docker save``, never written to disk) and checks:
+streamed ``docker save``, never written to disk), both by the one image ID inspect answered
+(the build passes the ID it wrote), and checks:
 
 - ``user``: the runtime user is set and is not root;
 - ``labels``: every ``org.imgfab.*`` label :func:`imgfab.render.context.image_labels` writes is
@@ -11,10 +12,15 @@ streamed ``docker save``, never written to disk) and checks:
   directory itself is expected);
 - ``secrets``: no layer (nor the image config) holds the bytes of a build secret (the CA
   bundle, the pip configuration): the whole file, each PEM block of a bundle that is not a
-  public CA of this host's trust store, each URL with credentials and its password;
+  public CA of this host's trust store, each URL with credentials and its password; in file
+  contents, entry names, link targets, owner names and PAX records (a finding masks the
+  secret in the path it names);
 - ``layers``: every layer ``manifest.json`` lists was read, whatever layout ``docker save``
-  wrote (legacy ``<id>/layer.tar``, OCI ``blobs/sha256/<hex>``, gzip or zstd blobs); an
-  unreadable or missing listed layer fails the image (fail closed);
+  wrote (legacy ``<id>/layer.tar``, OCI ``blobs/sha256/<hex>``, gzip or zstd blobs), and its
+  uncompressed bytes hash to the diff id the image config and inspect list at its place; an
+  unreadable, missing or mismatched listed layer, bytes hidden after a tar's end, or an
+  impossible sparse map fails the image (fail closed). Scan results are cached under the
+  hashes of the bytes scanned, never under inspect's diff ids alone;
 - ``tools``: no build-only tool is left in the final filesystem unless the backend declares
   it as its run-time toolchain (``compat/backends.yaml`` ``runtime_toolchain``); pip/apt
   caches and the builder's requirements file are never allowed.
@@ -44,7 +50,7 @@ from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 from imgfab.docker.catalogue import (_ALL_PATTERNS, ALWAYS_FORBIDDEN, NOTE_ONLY, PAYLOAD_TOOLKIT,
                                      TOOL_PATHS)
 from imgfab.docker.layers import (_MAX_SECRET_BYTES, _contains, _LayerScan, _scan_directory,
-                                  _scan_layers, local_layer_dirs)
+                                  _scan_layers, local_layer_dirs, mask)
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["ALWAYS_FORBIDDEN", "NOTE_ONLY", "PAYLOAD_TOOLKIT", "TOOL_PATHS", "Finding",
@@ -197,18 +203,28 @@ def policy_for(recipe: Any, stack: Any, matrix: Any,
 
 def verify_image(ref: str, policy: VerifyPolicy, *, engine: Any = None,
                  raise_on_failure: bool = True) -> VerifyReport:
-    """Run every check on image ``ref``. Raises :class:`ValidationFailed` listing the failures
-    (unless ``raise_on_failure`` is False); :class:`imgfab.errors.EngineError` if the engine
-    cannot inspect or save the image."""
+    """Run every check on image ``ref`` (best an image ID, as the build produced it).
+    Raises :class:`ValidationFailed` listing the failures (unless ``raise_on_failure`` is
+    False); :class:`imgfab.errors.EngineError` if the engine cannot inspect or save the image.
+
+    ``ref`` is looked up once: the history and the save use the ID that inspect answered,
+    so a tag moved meanwhile (another build of the same ``repository:tag``) cannot put one
+    image's config beside another's layers.
+    """
     engine = engine or importlib.import_module("imgfab.docker.engine")
     report = VerifyReport(image=ref)
     info = engine.inspect_image(ref)
+    image_id = str(info.get("Id") or ref)
     report.findings += _config_findings(info.get("Config") or {}, policy)
     ours = list((info.get("RootFS") or {}).get("Layers") or [])
-    scan = _scan_image(ref, info, ours, policy, engine)
+    scan = _scan_image(image_id, info, ours, policy, engine)
     scan.base_count = sum(1 for _ in iter_prefix(ours, list(policy.base_diff_ids)))
     report.findings += layer_findings(scan, policy)
     report.notes += scan.notes
+    needles = policy.needles()  # a path or a name shown may hold a secret, or a line break
+    for finding in report.findings:
+        finding.detail = mask(finding.detail, needles)
+    report.notes = [mask(note, needles) for note in report.notes]
     if raise_on_failure and not report.passed:
         listed = "; ".join(f"{f.check}: {f.detail}" for f in report.failures)
         raise ValidationFailed(f"image {ref} failed {len(report.failures)} check(s): {listed}",
@@ -252,7 +268,7 @@ def _config_findings(config: dict[str, Any], policy: VerifyPolicy) -> list[Findi
 
 
 # Bumped when the scan itself changes, so results of an older scanner are not reused.
-_SCANNER_VERSION = "2"
+_SCANNER_VERSION = "3"
 
 
 def cache_dir() -> Path:
@@ -261,11 +277,15 @@ def cache_dir() -> Path:
     return Path(root) / "imgfab" / "verify"
 
 
-def _layer_key(diff_id: str, policy: VerifyPolicy) -> str:
+def _layer_key(diff_id: str, policy: VerifyPolicy, directory: str = "") -> str:
     """A layer's scan result depends only on its content (the diff id), the weights mount,
-    the secrets searched for and the path catalogue: all four are in the key."""
+    the secrets searched for and the path catalogue: all four are in the key.
+
+    ``diff_id`` is the hash of the bytes that were scanned, never a claim of inspect's. A
+    result read from an overlay2 ``directory`` (no bytes to hash) is keyed by that directory
+    as well, and is only looked up for it."""
     digest = hashlib.sha256()
-    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION):
+    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION, directory):
         digest.update(part.encode() + b"\0")
     for name, data in sorted(policy.needles().items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -291,22 +311,28 @@ def _store_layer(key: str, result: dict[str, Any]) -> None:
         pass
 
 
-def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: VerifyPolicy,
+def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: VerifyPolicy,
                 engine: Any) -> _LayerScan:
-    """Scan every layer once per content: results are cached by diff id, and layers not seen
-    before are read from the engine's storage when it is local (else one ``docker save``)."""
+    """Scan every layer once per content. Results are cached under the sha256 of the layer
+    bytes that were scanned; a layer whose cached result is not known is read from the
+    engine's storage when it is local (else one ``docker save`` of ``image_id``, whose layers
+    must hash to the diff ids inspect reported)."""
     keys = {diff_id: _layer_key(diff_id, policy) for diff_id in layers}
     known = {diff_id: _load_layer(key) for diff_id, key in keys.items()}
     unknown = [d for d in layers if known[d] is None]
     directories = local_layer_dirs(info, layers) if unknown else []
     if unknown and directories is None:
-        scan = _scan_layers(engine.save_stream(ref), policy)
+        scan = _scan_layers(engine.save_stream(image_id), policy)
+        for name, digest in zip(scan.order, scan.diff_ids):  # keyed by what was hashed
+            _store_layer(_layer_key(digest, policy), scan.results[name])
         if len(scan.order) != len(layers):
             scan.unscanned.append(f"manifest.json lists {len(scan.order)} layers, the image "
                                   f"has {len(layers)}")
-        elif not scan.unscanned:
-            for diff_id, name in zip(layers, scan.order):
-                _store_layer(keys[diff_id], scan.results[name])
+        elif scan.diff_ids != layers:
+            index = next(i for i, (a, b) in enumerate(zip(scan.diff_ids, layers)) if a != b)
+            scan.unscanned.append(f"the saved layer {index + 1} hashes to "
+                                  f"{scan.diff_ids[index][:19]}…, inspect of {image_id[:19]}… "
+                                  f"reports {layers[index][:19]}…")
         return scan
     scan = _LayerScan(order=list(layers))
     secret_hits: set[str] = set()
@@ -315,11 +341,14 @@ def _scan_image(ref: str, info: dict[str, Any], layers: list[str], policy: Verif
         result = known[diff_id]
         if result is None:
             assert directories is not None
-            result = _scan_directory(directories[index], mount, policy)
-            _store_layer(keys[diff_id], result)
+            key = _layer_key(diff_id, policy, str(directories[index]))
+            result = _load_layer(key)
+            if result is None:
+                result = _scan_directory(directories[index], mount, policy)
+                _store_layer(key, result)
         scan.merge(diff_id, result, secret_hits)
     # The image config (history, environment, labels) as the engine reports it.
-    config_text = json.dumps([info, engine.image_history(ref)], sort_keys=True).encode()
+    config_text = json.dumps([info, engine.image_history(image_id)], sort_keys=True).encode()
     for name in _contains(io.BytesIO(config_text), policy.needles()):
         secret_hits.add(f"{name} in the image config")
     scan.secrets = sorted(secret_hits)
