@@ -72,29 +72,40 @@ def test_an_unreachable_engine_does_not_hide_the_first_error(daemon, monkeypatch
             raise KeyboardInterrupt
 
 
-def test_build_recipe_takes_back_its_tags_when_verify_cannot_finish(daemon, monkeypatch, tmp_path):
-    """An engine failure in the middle of verify (not a rejection) leaves no tag on the
-    unverified image: before issue 21 only a ValidationFailed removed them."""
+def test_build_recipe_takes_back_its_tags_when_naming_cannot_finish(daemon, monkeypatch, tmp_path):
+    """The build names nothing (verify judges the ID it wrote); an engine failure half-way
+    through naming the verified image (one tag given, then the engine goes away) leaves no
+    tag behind: before issue 21 only a ValidationFailed removed them."""
+    from types import SimpleNamespace
+
     from conftest import RECIPES
     from imgfab.docker import build as build_module
     from imgfab.docker import verify
+    from imgfab.payload import measure
 
     tags, removed = daemon
     recipe = next(p for p in RECIPES if p.name == "qwen2-7b-h100.yaml")
+    built_with: list[list[str]] = []
 
     def fake_build(context, *, tags: list[str], **kwargs):
+        built_with.append(list(tags))
         daemon[0].update({ref: NEW for ref in tags})
         return engine.BuildResult(image_id=NEW, duration_s=1.0)
 
-    def verify_fails(ref, policy):
-        raise EngineError(f"docker save {ref} failed: connection reset")
+    def add_labels_fails(image_id, labels, refs):
+        daemon[0][refs[0]] = NEW
+        raise EngineError(f"docker tag {refs[1]} failed: connection reset")
 
     monkeypatch.setattr(engine, "build", fake_build)
+    monkeypatch.setattr(engine, "add_labels", add_labels_fails)
     monkeypatch.setattr(build_module, "_base_diff_ids", lambda ref: ())
-    monkeypatch.setattr(verify, "verify_image", verify_fails)
+    monkeypatch.setattr(verify, "verify_image", lambda ref, policy: SimpleNamespace(notes=[]))
+    monkeypatch.setattr(measure, "check_image",
+                        lambda *a, **k: SimpleNamespace(labels={}, notes=[]))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("IMGFAB_REGISTRY", raising=False)
     with pytest.raises(EngineError, match="connection reset"):
         build_module.build_recipe(str(recipe), build_module.BuildOptions(registry="reg.example"),
                                   context_dir=tmp_path / "ctx")
-    assert len(removed) == 2 and tags == {}
+    assert built_with == [[]]
+    assert len(removed) == 1 and tags == {}
