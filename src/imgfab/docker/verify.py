@@ -277,15 +277,15 @@ def cache_dir() -> Path:
     return Path(root) / "imgfab" / "verify"
 
 
-def _layer_key(diff_id: str, policy: VerifyPolicy, directory: str = "") -> str:
+def _layer_key(diff_id: str, policy: VerifyPolicy) -> str:
     """A layer's scan result depends only on its content (the diff id), the weights mount,
     the secrets searched for and the path catalogue: all four are in the key.
 
-    ``diff_id`` is the hash of the bytes that were scanned, never a claim of inspect's. A
-    result read from an overlay2 ``directory`` (no bytes to hash) is keyed by that directory
-    as well, and is only looked up for it."""
+    From a save stream, ``diff_id`` is the hash of the bytes that were scanned, never a claim
+    of inspect's; from a local engine's overlay2 storage it is the diff id the engine's layer
+    store gives that directory, in the inspect answer for the image ID being verified."""
     digest = hashlib.sha256()
-    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION, directory):
+    for part in (diff_id, policy.mount, _ALL_PATTERNS.pattern, _SCANNER_VERSION):
         digest.update(part.encode() + b"\0")
     for name, data in sorted(policy.needles().items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -340,12 +340,12 @@ def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: 
     for index, diff_id in enumerate(layers):
         result = known[diff_id]
         if result is None:
+            # The engine's own layer store, in the same inspect answer (of the ID, not a tag)
+            # that named the diff ids: overlay2 directories are new for every build of equal
+            # bytes, so keying by them would rescan every layer of every rebuild.
             assert directories is not None
-            key = _layer_key(diff_id, policy, str(directories[index]))
-            result = _load_layer(key)
-            if result is None:
-                result = _scan_directory(directories[index], mount, policy)
-                _store_layer(key, result)
+            result = _scan_directory(directories[index], mount, policy)
+            _store_layer(keys[diff_id], result)
         scan.merge(diff_id, result, secret_hits)
     # The image config (history, environment, labels) as the engine reports it.
     config_text = json.dumps([info, engine.image_history(image_id)], sort_keys=True).encode()
