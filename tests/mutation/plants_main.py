@@ -9,4 +9,7 @@ PLANTS = [
          old="COPY entrypoint.sh /opt/imgfab/entrypoint.sh\n",
          new="COPY image.json /opt/imgfab/image.json\nCOPY entrypoint.sh /opt/imgfab/entrypoint.sh\n",
          first=("tests/render/test_render.py",)),
+    dict(name="netenv.sh: no shell directive for a sourced file", path="_data/templates/netenv.sh.j2",
+         old="# shellcheck shell=sh\n", new="",
+         first=("tests/render/test_artifacts.py",)),
 ]

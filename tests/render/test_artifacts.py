@@ -320,6 +320,10 @@ def test_shellcheck_finds_nothing(name, strategy, matrix, tmp_path):
         result = subprocess.run([shellcheck, "--shell", shell, "--severity", "style",
                                  str(tmp_path / "ctx" / path)], capture_output=True, text=True)
         assert result.returncode == 0, f"{path}:\n{result.stdout}"
+        # As users run it, with no options: each script names its own shell (SC2148).
+        bare = subprocess.run([shellcheck, str(tmp_path / "ctx" / path)], capture_output=True,
+                              text=True)
+        assert bare.returncode == 0, f"{path} (shellcheck with no options):\n{bare.stdout}"
 
 
 # --- compose.yaml ----------------------------------------------------------------------------

@@ -146,25 +146,21 @@ def mount(session: Any) -> None:
     from urllib3.connection import HTTPConnection, HTTPSConnection  # noqa: PLC0415
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool  # noqa: PLC0415
 
-    class WatchedHTTP(HTTPConnection):
+    class Watched:
         def _new_conn(self) -> Any:  # the TCP socket, before any TLS handshake on it
-            sock = super()._new_conn()
+            sock = super()._new_conn()  # type: ignore[misc]
             _watch(sock)
             return sock
 
         def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-            _watch(self.sock)
-            return super().getresponse(*args, **kwargs)
+            _watch(self.sock)  # type: ignore[attr-defined]
+            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
 
-    class WatchedHTTPS(HTTPSConnection):
-        def _new_conn(self) -> Any:  # the TCP socket, before any TLS handshake on it
-            sock = super()._new_conn()
-            _watch(sock)
-            return sock
+    class WatchedHTTP(Watched, HTTPConnection):
+        pass
 
-        def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-            _watch(self.sock)
-            return super().getresponse(*args, **kwargs)
+    class WatchedHTTPS(Watched, HTTPSConnection):
+        pass
 
     class Pool(HTTPConnectionPool):
         ConnectionCls = WatchedHTTP

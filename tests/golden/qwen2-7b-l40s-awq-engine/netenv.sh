@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Sourced by build steps that reach the network (rendered by imgfab 0.1.0).
 # A CA bundle (--ca-cert) and a pip configuration (--pip-index-url) arrive as BuildKit secrets
 # under /run/secrets: present only for the step that mounts them, never in a layer.
