@@ -43,3 +43,15 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
     last = [item for item in kept if item.get_closest_marker("engine_crash_risk")]
     items[:] = [item for item in kept if item not in last] + last
+
+
+def walk_strings(node, path=()):
+    """Every (key path, string) in a parsed workflow."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from walk_strings(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from walk_strings(value, (*path, index))
+    elif isinstance(node, str):
+        yield path, node

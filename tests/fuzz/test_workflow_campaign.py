@@ -32,6 +32,8 @@ from hypothesis import strategies as st
 
 from imgfab.errors import RecipeError
 
+from conftest import walk_strings
+
 pytestmark = pytest.mark.fuzz
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,20 +134,11 @@ def report():
     print("\nworkflow fuzz campaign:", json.dumps(figures, sort_keys=True))
 
 
-def _walk(node, path=()):
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _walk(value, (*path, str(key)))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _walk(value, (*path, index))
-    elif isinstance(node, str):
-        yield path, node
 
 
 def _check_rendered(text: str, registry: str) -> None:
     workflow = yaml.safe_load(text)
-    strings = list(_walk(workflow))
+    strings = list(walk_strings(workflow))
     for path, value in strings:
         if path[-1] == "run":
             assert "${{" not in value, (path, value)
@@ -165,7 +158,7 @@ def _baseline_scripts() -> str:
     if not _BASELINE:
         from imgfab.render.ci import github_workflow_dict
 
-        _BASELINE.append("\n".join(s for p, s in _walk(github_workflow_dict(
+        _BASELINE.append("\n".join(s for p, s in walk_strings(github_workflow_dict(
             ["recipes/x.yaml", "recipes/yy.yaml"], registry="r.example")) if p[-1] == "run"))
     return _BASELINE[0]
 

@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 import yaml
 
-from conftest import REPO
+from conftest import REPO, walk_strings
 from test_bake_ci import _actionlint, imgfab
 
 SOURCE_RECIPE = REPO / "recipes" / "qwen2-7b-h100.yaml"
@@ -123,16 +124,6 @@ ODD_RECIPES = ["recipes/Odd_name.v2-x.yaml", "recipes/sub_dir/9lives.yml", "reci
 ODD_REGISTRY = "registry-1.example.com:5000/team-a/sub_b.c__d"
 
 
-def _walk(node, path=()):
-    """Every (key path, string) in a parsed workflow."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _walk(value, (*path, str(key)))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _walk(value, (*path, index))
-    elif isinstance(node, str):
-        yield path, node
 
 
 @pytest.mark.parametrize("args", [
@@ -143,7 +134,7 @@ def test_values_reach_scripts_only_through_env(tmp_path, args):
     result = imgfab("ci", "github", *args, *ODD_RECIPES, cwd=checkout)
     assert result.returncode == 0, result.stderr
     workflow = yaml.safe_load(result.stdout)
-    strings = list(_walk(workflow))
+    strings = list(walk_strings(workflow))
     runs = [(p, s) for p, s in strings if p[-1] == "run"]
     assert len(runs) >= 10
     for path, script in runs:  # GitHub's "intermediate environment variable" rule
