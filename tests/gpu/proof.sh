@@ -4,6 +4,7 @@
 #   tests/gpu/proof.sh setup          # host facts; dockerd up; the stand-in base, in the background
 #   tests/gpu/proof.sh piece FILE...  # keep payload pieces in /tmp/imgfab-pieces
 #   tests/gpu/proof.sh shape SHAPE    # (first call: assemble the payload) smoke one run shape
+#   tests/gpu/proof.sh select         # (after a shape built the stand-in) select with no --gpu
 # Results go to $OUT (the device tool's folder), one JSON per step.
 set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
@@ -52,8 +53,15 @@ shape)
     [ "$2" = runsh ] && selection="standin_dockerfile or runsh"
     python3 -m pytest -m gpu tests/gpu/test_gpu_vllm_shapes.py -k "$selection" -x -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest-$2.log" | tail -n 40
     ;;
+select)
+    tests/gpu/standin.sh registry
+    eval "$(tests/gpu/standin.sh env)"
+    export PYTHONPATH=/tmp/imgfab-hostsite:/opt/venv/lib/python3.12/site-packages
+    export IMGFAB_GPU_PROOF_OUT="$OUT" PYTHONUNBUFFERED=1
+    python3 -m pytest -m gpu tests/gpu/test_gpu_select.py -x -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest-select.log" | tail -n 40
+    ;;
 *)
-    echo "usage: $0 setup PIECE... | piece PIECE... | shape runsh|compose|k8s" >&2
+    echo "usage: $0 setup PIECE... | piece PIECE... | shape runsh|compose|k8s | select" >&2
     exit 2
     ;;
 esac

@@ -16,7 +16,9 @@
 #   tests/gpu/standin.sh docker-up DOCKER_TAR_XZ   # unpack Debian's dockerd and start it
 #   tests/gpu/standin.sh base                      # docker import of the host's root filesystem
 #   tests/gpu/standin.sh payload PIECE...          # /opt/venv from the payload tar.xz pieces
-#   tests/gpu/standin.sh env                       # the exports the GPU test needs
+#   tests/gpu/standin.sh registry                  # docker-registry on 127.0.0.1:5099 (no auth:
+#                                                  # plain http on loopback, for select's fleet)
+#   tests/gpu/standin.sh env                       # the exports the GPU tests need
 set -euo pipefail
 ROOT=${IMGFAB_STANDIN:-/tmp/imgfab-standin}
 SOCK="unix://$ROOT/docker.sock"
@@ -109,14 +111,38 @@ payload)
     /opt/venv/bin/python3 -c 'import sys, vllm, flashinfer, torch; print("payload: python", sys.version.split()[0], "vllm", vllm.__version__, "flashinfer", flashinfer.__version__, "torch", torch.__version__)'
     cat "$ROOT/mounts.txt"
     ;;
+registry)
+    # Debian bookworm's docker-registry 2.8, unpacked with docker.io (tests/gpu/pack.sh).
+    mkdir -p "$ROOT/registry"
+    cat >"$ROOT/registry.yml" <<YAML
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $ROOT/registry
+http:
+  addr: 127.0.0.1:5099
+YAML
+    setsid "$ROOT/docker/usr/bin/docker-registry" serve "$ROOT/registry.yml" >"$ROOT/registry.log" 2>&1 </dev/null &
+    for _ in $(seq 30); do
+        if python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:5099/v2/", timeout=2)' 2>/dev/null; then
+            echo "registry up on 127.0.0.1:5099"
+            exit 0
+        fi
+        sleep 1
+    done
+    echo "standin: docker-registry did not start" >&2
+    tail -n 20 "$ROOT/registry.log" >&2
+    exit 1
+    ;;
 env)
     echo "export PATH=$(docker_path)"
     echo "export DOCKER_HOST=$SOCK"
     echo "export IMGFAB_STANDIN_BASE=$BASE"
     echo "export IMGFAB_STANDIN_MOUNTS=$ROOT/mounts.txt"
+    echo "export IMGFAB_STANDIN_REGISTRY=127.0.0.1:5099"
     ;;
 *)
-    echo "usage: $0 docker-up DOCKER_TAR_XZ | base | payload PIECE... | env" >&2
+    echo "usage: $0 docker-up DOCKER_TAR_XZ | base | payload PIECE... | registry | env" >&2
     exit 2
     ;;
 esac
