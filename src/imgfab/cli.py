@@ -35,13 +35,12 @@ def _fail(error: ImgfabError) -> None:
 def _driver_option(value: str | None, flag: str = "--driver") -> str | None:
     if value is None:
         return None
-    from imgfab.in_image.rules import parse_version
+    from imgfab.recipe import driver_version_ok
 
-    try:
-        parse_version(value)
-    except ValueError:
-        raise RecipeError(f"{value!r} is not a driver version", field=flag,
-                          fix="give the version nvidia-smi prints, e.g. 535.104.05") from None
+    if not driver_version_ok(value):
+        why = " (it has surrounding space)" if value != value.strip() and driver_version_ok(value.strip()) else ""
+        raise RecipeError(f"{value!r} is not a driver version{why}", field=flag,
+                          fix="give the version nvidia-smi prints, e.g. 535.104.05 (or 570.86 on GeForce)") from None
     return value
 
 

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from imgfab.errors import RecipeError, redact
-from imgfab.in_image.rules import POLICIES, STRICT, parse_version
+from imgfab.in_image.rules import POLICIES, STRICT
 
 # A value that reaches a Dockerfile, a shell script or a YAML manifest: no whitespace, quotes,
 # or shell metacharacters. Hugging Face ids are "org/name" with [A-Za-z0-9._-].
@@ -167,9 +167,10 @@ class TargetSpec(_Strict):
     @field_validator("driver")
     @classmethod
     def _driver(cls, value: str) -> str:
-        if not _DRIVER_SPEC.fullmatch(value.strip(" ")):
-            raise ValueError("must be a floor like '>=535.104.05' (the oldest driver in the fleet)")
-        return value.strip(" ")
+        if not _DRIVER_SPEC.fullmatch(value):
+            space = " with no surrounding space" if _DRIVER_SPEC.fullmatch(value.strip()) else ""
+            raise ValueError(f"must be a floor like '>=535.104.05'{space} (the oldest driver in the fleet)")
+        return value
 
     @property
     def driver_floor(self) -> str:
@@ -521,12 +522,14 @@ def recipe_json_schema() -> dict[str, Any]:
     return schema
 
 
+# A driver version exactly as nvidia-smi prints it: 535.104.05 (data center, three parts) or
+# 570.86 (GeForce, two parts); no surrounding space, which would otherwise reach labels and locks.
+_DRIVER_VERSION = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){0,2}")
+
+
 def driver_version_ok(text: str) -> bool:
-    try:
-        parse_version(text)
-    except ValueError:
-        return False
-    return True
+    """True if ``text`` is exactly a driver version (nothing around it)."""
+    return isinstance(text, str) and _DRIVER_VERSION.fullmatch(text) is not None
 
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "parse_recipe", "recipe_hash",

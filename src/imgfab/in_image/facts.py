@@ -51,6 +51,7 @@ class ImageFacts:
     model_mount: str
     weights_required: tuple[tuple[str, ...], ...]
     cuda_runtime: str = ""  # the payload's newest CUDA runtime (toolkit release), label cuda.runtime
+    driver_ceilings: tuple[tuple[str, str], ...] = ()  # (cc, NVIDIA's last branch), label driver.ceilings
 
     @classmethod
     def from_labels(cls, labels: dict[str, Any]) -> ImageFacts:
@@ -97,6 +98,10 @@ class ImageFacts:
         exact = get("arch.exact").lower()
         if exact not in ("true", "false"):
             raise ImageFactsError(f"label {_LABEL}arch.exact is {exact!r}, expected true or false")
+        try:  # absent on images built before the label existed: no ceiling known
+            ceilings = tuple(sorted(rules.parse_ceilings(get("driver.ceilings", "")).items()))
+        except ValueError as exc:
+            raise ImageFactsError(f"label {_LABEL}driver.ceilings: {exc}") from None
         required = tuple(
             tuple(p.strip() for p in entry.split("|") if p.strip())
             for entry in get("weights.required", "").split(",") if entry.strip()
@@ -121,6 +126,7 @@ class ImageFacts:
             model_mount=get("model.mount", ""),
             weights_required=required,
             cuda_runtime=version("cuda.runtime", optional=True) or "",
+            driver_ceilings=ceilings,
         )
 
 

@@ -13,7 +13,9 @@ default ``/opt/imgfab/image.json``, flag ``--image-json PATH``.
 
 Checks, each printed as one line (``PASS``/``FAIL``/``NOT RUN``/``SKIP``) with the fix:
 
-``driver``     host driver (NVML ``nvmlSystemGetDriverVersion``) vs ``driver.floor`` and policy
+``driver``     host driver (NVML ``nvmlSystemGetDriverVersion``) vs ``driver.floor`` and policy,
+               and vs ``driver.ceilings``: NVIDIA's last driver branch for a visible GPU's
+               architecture (Volta ``7.0:580``)
 ``mode``       which compatibility mode the container really runs in: the kernel driver
                (``/proc/driver/nvidia/version``) vs the libcuda actually loaded (its path in
                ``/proc/self/maps`` and ``cuDriverGetVersion``): ``native``, ``minor-compat``,
@@ -138,7 +140,16 @@ def check_driver(facts: ImageFacts, host: HostFacts) -> list[Finding]:
                                  policy=facts.driver_policy, cuda=facts.cuda_runtime or facts.cuda,
                                  strict_floor=facts.strict_floor,
                                  compat_floor=facts.compat_floor)
-    return [_judged(verdict, HOST)]
+    findings = [_judged(verdict, HOST)]
+    # NVIDIA's last driver branch for a GPU's architecture (label driver.ceilings): a newer
+    # driver does not support that GPU, whatever the floor says.
+    ceilings = dict(facts.driver_ceilings)
+    for gpu in host.gpus:
+        if rules.major_minor(gpu.compute_capability) in ceilings:
+            findings.append(_judged(rules.check_driver_ceiling(
+                host.driver, gpu.compute_capability, ceilings=ceilings,
+                gpu=f"GPU{gpu.index} {gpu.name}"), HOST))
+    return findings
 
 
 def check_mode(facts: ImageFacts, mode: CudaMode | None) -> list[Finding]:

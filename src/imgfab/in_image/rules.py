@@ -118,6 +118,48 @@ def check_driver(host_driver: str, *, floor: str, policy: str, cuda: str,
                    f"CUDA {cuda}", fix)
 
 
+def format_ceilings(ceilings: dict[str, str]) -> str:
+    """``{"7.0": "580"}`` → ``"7.0:580"``: the ``driver.ceilings`` label, sorted by capability."""
+    return ",".join(f"{cc}:{ceilings[cc]}" for cc in sorted(ceilings, key=parse_version))
+
+
+def parse_ceilings(text: str) -> dict[str, str]:
+    """``"6.0:580,7.0:580"`` → ``{"6.0": "580", "7.0": "580"}`` (``""`` → ``{}``): per compute
+    capability, NVIDIA's last driver branch for its architecture. Raises ValueError otherwise."""
+    found: dict[str, str] = {}
+    for item in text.split(",") if text else ():
+        cc, _, branch = item.partition(":")
+        if not re.fullmatch(r"\d{1,2}\.\d{1,2}", cc) or not re.fullmatch(r"\d{3,4}", branch):
+            raise ValueError(f"not a compute-capability:branch pair: {item!r}")
+        found[cc] = branch
+    return found
+
+
+def check_driver_ceiling(host_driver: str, compute_capability: str, *, ceilings: dict[str, str],
+                         gpu: str = "") -> Verdict:
+    """Does NVIDIA still support this GPU on ``host_driver``'s branch?
+
+    ``ceilings`` maps a compute capability to the last driver branch NVIDIA supports its
+    architecture on (CUDA Toolkit, Driver, and Architecture Matrix: Volta 7.0 → R580). A
+    capability not in it has no announced ceiling.
+
+    >>> check_driver_ceiling("590.48.01", "7.0", ceilings={"7.0": "580"}).ok
+    False
+    """
+    who = f"{gpu} (compute capability {compute_capability})" if gpu else \
+        f"compute capability {compute_capability}"
+    last = ceilings.get(major_minor(compute_capability))
+    branch = parse_version(host_driver)[0]
+    if last is None:
+        return Verdict(True, "driver", f"{who}: no last driver branch announced")
+    if branch > int(last):
+        return Verdict(False, "driver",
+                       f"{who}: R{last} is NVIDIA's last driver branch for this architecture; "
+                       f"host driver {host_driver} (R{branch}) does not support it",
+                       f"run this GPU on an R{last} driver or older")
+    return Verdict(True, "driver", f"{who}: driver R{branch} ≤ R{last}, its last branch")
+
+
 def binary_runs_on(compute_capability: str, built_for: list[str]) -> bool:
     """True if a cubin built for one of ``built_for`` runs on ``compute_capability``.
 
@@ -239,6 +281,17 @@ def check_forward_compat(host_driver: str, *, cuda: str, branches: list[tuple[st
             return Verdict(True, "driver", f"driver branch R{branch} runs CUDA {wanted} through the "
                            f"image's cuda-compat package; {FORWARD_COMPAT_LIMITS}")
     listed = ", ".join(f"R{name}" for name, cudas in branches if wanted in cudas) or "none listed"
+    own = next((cudas for name, cudas in branches if name == branch), None)
+    package = "cuda-compat-" + wanted.replace(".", "-")
+    # The fix follows NVIDIA's table: the branches its package row lists, or the CUDA minors
+    # whose packages the host's own branch column lists.
+    moves = [f"move the hosts to a branch NVIDIA lists for {package} ({listed})"] if listed != "none listed" else []
+    if own:
+        moves.append(f"choose a release whose CUDA R{branch} runs by forward compatibility "
+                     f"({', '.join(own)})")
+    moves.append("or use target.driver_policy: strict with a driver that runs CUDA "
+                 f"{wanted} natively" if moves else
+                 f"use target.driver_policy: strict with a driver that runs CUDA {wanted} natively")
     return Verdict(False, "driver", f"driver branch R{branch} is not a forward-compatibility branch "
-                   f"for CUDA {wanted} (supported: {listed})",
-                   "move the host to a listed branch, or use target.driver_policy: strict")
+                   f"for CUDA {wanted} (NVIDIA's table lists {package} on: {listed})",
+                   ", ".join(moves))

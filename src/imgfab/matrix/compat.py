@@ -89,10 +89,23 @@ class Gpu(Sourced):
     cpu_arch: str = "x86_64"  # hosts this GPU comes in (GH200/GB200/GB300: aarch64 superchips)
     datacenter: bool = True  # forward compatibility is supported on datacenter GPUs only
     nvml_names: tuple[NvmlName, ...] = ()  # product names as NVML / nvidia-smi print them
+    # NVIDIA's last driver branch for this GPU's architecture ("" = none announced), from
+    # gpus.yaml architectures: a host on a newer branch cannot drive it (Volta: R580).
+    last_driver_branch: str = ""
+    last_driver_source: str = ""
 
     @property
     def sm(self) -> str:
         return "sm" + self.compute_capability.replace(".", "")
+
+
+@dataclass(frozen=True)
+class Architecture(Sourced):
+    """A GPU architecture, its compute capabilities and NVIDIA's last driver branch for it."""
+
+    name: str
+    compute_capabilities: tuple[str, ...]
+    last_driver_branch: str = ""  # "" = "Ongoing" in NVIDIA's table
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,7 @@ class Matrix:
     profiles: dict[str, BackendProfile]
     runtimes: dict[str, CudaRuntime] = field(default_factory=dict)
     driver_branches: list["DriverBranch"] = field(default_factory=list)
+    architectures: dict[str, Architecture] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
 
@@ -208,6 +222,22 @@ class Matrix:
                 continue
             return rule
         return None
+
+    def driver_ceilings(self, archs: tuple[str, ...], exact: bool = False) -> dict[str, str]:
+        """Per compute capability that code built for ``archs`` runs on (exactly, for an
+        engine), NVIDIA's last driver branch for its architecture; capabilities without one
+        are left out. E.g. archs (7.0, 7.5, 8.0) → {"7.0": "580"}."""
+        from imgfab.in_image.rules import binary_runs_on  # noqa: PLC0415
+
+        found = {}
+        for arch in self.architectures.values():
+            if not arch.last_driver_branch:
+                continue
+            for cc in arch.compute_capabilities:
+                runs = cc in archs if exact else binary_runs_on(cc, list(archs))
+                if runs:
+                    found[cc] = arch.last_driver_branch
+        return found
 
     def image(self, cuda: str, os_name: str) -> CudaImage | None:
         for image in self.images:
@@ -339,7 +369,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
         for row in _records(images_data, "os", "cuda_images.yaml")
     }
 
-    gpu_rows = _records(_read(directory, "gpus.yaml"), "gpus", "gpus.yaml")
+    gpus_data = _read(directory, "gpus.yaml")
+    architectures = _architectures(gpus_data)
+    gpu_rows = _records(gpus_data, "gpus", "gpus.yaml")
     gpus = [Gpu(name=_str(row, "name", "gpus.yaml"), aliases=_tuple(row.get("aliases")),
                 compute_capability=_str(row, "compute_capability", f"gpu {row.get('name')}"),
                 architecture=str(row.get("architecture", "")),
@@ -349,7 +381,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                 cpu_arch=str(row.get("cpu_arch") or "x86_64"),
                 datacenter=bool(row.get("datacenter", True)),
                 nvml_names=parse_nvml_names(row.get("nvml_names"), f"gpu {row.get('name')}"),
-                **_sourced(row))
+                **_ceiling(architectures, row), **_sourced(row))
             for row in gpu_rows]
     for row in gpu_rows:
         note("gpu", str(row.get("name")), row)
@@ -410,7 +442,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     }
 
     for record in (*toolkits.values(), *minor_compat.values(), *images, *os_releases.values(),
-                   *gpus, *(entry for gpu in gpus for entry in gpu.nvml_names),
+                   *architectures.values(), *gpus, *(entry for gpu in gpus for entry in gpu.nvml_names),
                    *precisions, *torch.values(), *releases, *profiles.values(),
                    *(jit for profile in profiles.values() for jit in profile.jit_toolchains)):
         validate_record(record)
@@ -418,9 +450,34 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     matrix = Matrix(toolkits=toolkits, minor_compat=minor_compat, images=images,
                     os_releases=os_releases, gpus=gpus, precisions=precisions, torch=torch,
                     releases=[], profiles=profiles, runtimes=runtimes,
-                    driver_branches=driver_branches, unconfirmed=unconfirmed)
+                    driver_branches=driver_branches, architectures=architectures,
+                    unconfirmed=unconfirmed)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
+
+
+def _architectures(data: dict[str, Any]) -> dict[str, Architecture]:
+    """gpus.yaml ``architectures``: name → :class:`Architecture`; a duplicate is malformed."""
+    found: dict[str, Architecture] = {}
+    for row in _records(data, "architectures", "gpus.yaml"):
+        name = _str(row, "name", "gpus.yaml architectures")
+        if name in found:
+            raise MatrixError(f"gpus.yaml: architecture {name!r} is listed twice")
+        found[name] = Architecture(name=name, compute_capabilities=_tuple(row.get("compute_capabilities")),
+                                   last_driver_branch=_opt(row.get("last_driver_branch")) or "",
+                                   **_sourced(row))
+    return found
+
+
+def _ceiling(architectures: dict[str, Architecture], row: dict[str, Any]) -> dict[str, str]:
+    """The ``last_driver_*`` fields of one gpus.yaml row, from its architecture's row. A GPU
+    whose architecture is not listed is malformed data (its ceiling would be silently unknown)."""
+    where = f"gpus.yaml gpu {row.get('name')}"
+    arch = architectures.get(str(row.get("architecture", "")))
+    if arch is None:
+        raise MatrixError(f"{where}: architecture {row.get('architecture')!r} has no architectures row")
+    return {"last_driver_branch": arch.last_driver_branch,
+            "last_driver_source": arch.source if arch.last_driver_branch else ""}
 
 
 def _jit_toolchains(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -447,6 +504,7 @@ _FIELD_PATTERNS: dict[str, str] = {
     "payload_requirements": r"[a-z0-9][a-z0-9._-]{0,63}(\[[a-z0-9][a-z0-9,._-]{0,127}\])?",
     "python": rf"({_SPECIFIER})?", "torch": rf"({_SPECIFIER})?", "tensorrt": rf"({_SPECIFIER})?",
     "compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
+    "compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}", "last_driver_branch": r"([0-9]{3,4})?",
     "cuda_archs": r"[0-9]{1,2}\.[0-9]{1,2}[af]?", "python_versions": r"[0-9]\.[0-9]{1,2}",
     "wheel_tags": r"[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,80}",
     "base_image": r"([a-z0-9][a-z0-9._/:@-]{0,255})?",

@@ -224,7 +224,8 @@ def image_findings(labels: dict[str, str], host: HostFacts) -> list[Finding]:
     try:
         verdicts = [driver_verdict(labels, host.driver)]
         for gpu in host.gpus:
-            verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability)
+            verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability,
+                                     driver=host.driver)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return [Finding("image", "error", f"the image's org.imgfab labels cannot be read: "
                         f"{str(exc)[:120]}", "rebuild it with imgfab build")]

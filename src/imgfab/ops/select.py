@@ -148,7 +148,7 @@ def evaluate(image: Published, host: HostGpu) -> Candidate:
         return candidate
     try:
         verdicts = [driver_verdict(image.labels, host.driver),
-                    *gpu_verdicts(image.labels, host.gpu, host.compute_capability)]
+                    *gpu_verdicts(image.labels, host.gpu, host.compute_capability, driver=host.driver)]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # one image's bad label
         verdicts = [Verdict(False, "labels", f"unreadable org.imgfab labels: {str(exc)[:120]}")]
     candidate.verdicts += verdicts

@@ -237,6 +237,9 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.driver.policy": stack.driver_policy,
         f"{p}.driver.strict_floor": stack.strict_floor,
         f"{p}.driver.compat_floor": stack.compat_floor,
+        # NVIDIA's last driver branch per compute capability the image runs ("7.0:580"): the
+        # probe, select and k8s placement refuse a newer driver on such a GPU.
+        f"{p}.driver.ceilings": ",".join(stack.driver_ceilings),
         f"{p}.gpu": stack.gpu,
         f"{p}.gpu.cc": stack.compute_capability,
         f"{p}.archs": ",".join(stack.archs),

@@ -4,8 +4,9 @@ The probe (at start) and ``imgfab select`` (at pull) judge a host by the image's
 :mod:`imgfab.in_image.rules`; :func:`node_affinity_terms` applies the very same verdicts
 (:func:`imgfab.stack.verdicts.gpu_verdicts`) to every GPU the matrix knows and turns the compute
 capabilities that pass into node-affinity terms on the labels NVIDIA's GPU Feature Discovery
-puts on GPU nodes. The driver floor becomes terms on the driver-version labels, so the
-scheduler never places a pod where the probe would refuse to start.
+puts on GPU nodes. The driver floor becomes terms on the driver-version labels, and NVIDIA's
+last driver branch for an architecture (``driver.ceilings``) a ``Lt`` term beside that GPU's
+capability, so the scheduler never places a pod where the probe would refuse to start.
 
 GPU Feature Discovery labels (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery README):
 ``nvidia.com/gpu.compute.major`` / ``.minor`` and ``nvidia.com/cuda.driver.major`` /
@@ -54,14 +55,21 @@ def driver_floor_terms(floor: str) -> list[list[dict[str, Any]]]:
 def node_affinity_terms(labels: dict[str, str], matrix: Any) -> list[list[dict[str, Any]]]:
     """``nodeSelectorTerms`` match expressions: (an allowed compute capability) AND (a driver ≥
     the image's floor). Empty when no known GPU passes: the caller refuses such an image."""
+    from imgfab.stack.verdicts import ceilings_of  # noqa: PLC0415
+
     ccs = allowed_compute_capabilities(labels, matrix)
     floor = labels.get("org.imgfab.driver.floor", "")
     drivers = driver_floor_terms(floor) if floor else [[]]
+    ceilings = ceilings_of(labels)
     terms = []
     for cc in ccs:
         major, minor = cc.split(".")
         gpu = [{"key": CC_MAJOR, "operator": "In", "values": [major]},
                {"key": CC_MINOR, "operator": "In", "values": [minor]}]
+        # NVIDIA's last driver branch for this GPU's architecture: a node on a newer branch
+        # does not run it (Lt is strict: major < last + 1).
+        if cc in ceilings:
+            gpu.append({"key": DRIVER_LABELS[0], "operator": "Lt", "values": [str(int(ceilings[cc]) + 1)]})
         for driver in drivers:
             terms.append(gpu + driver)
     return terms

@@ -14,7 +14,8 @@ from packaging.version import Version
 from imgfab.matrix.compat import BackendRelease, CudaToolkit, Gpu, Matrix, TorchRelease
 from imgfab.recipe import Recipe
 from imgfab.in_image.rules import (FORWARD_COMPAT, MINOR_COMPAT, STRICT, check_coverage,
-                                   check_driver, check_forward_compat, check_precision,
+                                   check_driver, check_driver_ceiling, check_forward_compat,
+                                   check_precision,
                                    compare_versions, major_minor, parse_version)
 
 
@@ -23,13 +24,17 @@ _OS_ORDER = ("ubuntu24.04", "ubuntu22.04")
 
 
 # Order in which a candidate's failures are reported.
-_PRIORITY = ("version", "arch", "gpu-driver", "precision", "torch", "driver", "python", "image")
+_PRIORITY = ("version", "arch", "gpu-driver", "precision", "dtype", "kv-cache", "torch", "driver",
+             "python", "image")
+# Constraints that hold for the release on every OS and image patch (no relaxation of OS,
+# policy or driver fixes them).
+RELEASE_CONSTRAINTS = ("arch", "torch", "precision", "dtype", "kv-cache")
 
 
 @dataclass(frozen=True)
 class Rejection:
     candidate: str
-    constraint: str  # version | arch | precision | python | image | driver | torch
+    constraint: str  # version | arch | gpu-driver | precision | dtype | kv-cache | torch | driver | python | image
     reason: str
     fix: str = ""
 
@@ -132,6 +137,29 @@ def precisions_to_check(recipe: Recipe) -> tuple[str, ...]:
     return tuple(p for p in wanted if p not in ("none", "auto"))
 
 
+# Which recipe setting a precision comes from: dtype rules and kv-cache rules are refused under
+# their own constraint (and field), quantization methods under "precision".
+_DTYPE_RULES = ("bf16", "fp16")
+
+
+def precision_constraint(name: str) -> str:
+    """The constraint a failed precision rule is filed under: ``dtype`` (engine.dtype),
+    ``kv-cache`` (engine.kv_cache_dtype) or ``precision`` (engine.quantization)."""
+    if name in _DTYPE_RULES:
+        return "dtype"
+    if name == "kv_fp8":
+        return "kv-cache"
+    return "precision"
+
+
+def _passes(matrix: Matrix, release: BackendRelease, name: str, gpu: Gpu) -> bool:
+    rule = matrix.precision_rule(release.backend, name, release.version)
+    return rule is None or check_precision(
+        name, gpu.compute_capability, min_cc=rule.min_compute_capability,
+        max_cc=rule.max_compute_capability, excluded=rule.excluded_compute_capabilities,
+        supported=rule.supported).ok
+
+
 def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: tuple[str, ...],
              driver: str, policy: str, os_names: tuple[str, ...]
              ) -> tuple[dict[str, Any] | None, list[Rejection]]:
@@ -156,6 +184,14 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
                                   f"{gpu.name} ({gpu.architecture}) needs driver ≥ {gpu.min_driver} "
                                   f"(R{gpu.min_driver.split('.')[0]}); host driver {driver} does not drive it",
                                   f"raise target.driver to ≥ {gpu.min_driver}"))
+    if gpu.last_driver_branch:
+        ceiling = check_driver_ceiling(driver, gpu.compute_capability,
+                                       ceilings={gpu.compute_capability: gpu.last_driver_branch},
+                                       gpu=f"{gpu.name} ({gpu.architecture})")
+        if not ceiling.ok:
+            failures.append(Rejection(label, "gpu-driver", ceiling.reason,
+                                      f"set target.driver to the fleet's R{gpu.last_driver_branch} "
+                                      f"(or older) driver: no newer branch drives {gpu.name}"))
     for name in precisions:
         rule = matrix.precision_rule(release.backend, name, release.version)
         if rule is None:
@@ -166,7 +202,16 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
                                   supported=rule.supported, backend=f"{release.backend} {release.version}",
                                   gpu=gpu.name)
         if not verdict.ok:
-            failures.append(Rejection(label, "precision", verdict.reason, verdict.fix))
+            constraint = precision_constraint(name)
+            fix = verdict.fix
+            if name == "bf16" and _passes(matrix, release, "fp16", gpu):
+                # vLLM's own refusal: "You can use float16 instead by explicitly setting the
+                # `dtype` flag" (vllm/platforms/cuda.py check_if_supports_dtype).
+                fix = "engine.dtype: float16 (use float16 by setting dtype; bf16 needs compute capability ≥ " \
+                      f"{rule.min_compute_capability})"
+            elif name == "kv_fp8":
+                fix = "engine.kv_cache_dtype: auto"
+            failures.append(Rejection(label, constraint, verdict.reason, fix))
 
     if release.torch and not torch:
         failures.append(Rejection(label, "torch", f"no torch row from {release.torch_index} in "

@@ -11,15 +11,16 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from imgfab.matrix.compat import BackendRelease, Gpu, Matrix
-from imgfab.recipe import Recipe
-from imgfab.in_image.rules import (MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT, compare_versions,
-                                   parse_version)
-from imgfab.stack.candidates import (_OS_ORDER, Rejection, _python_ok, _torch_pin, evaluate,
-                                     payload_floors, payload_of, precisions_to_check)
+from imgfab.recipe import Quantization, Recipe
+from imgfab.in_image.rules import (FORWARD_COMPAT, MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT,
+                                   compare_versions, major_minor, parse_version)
+from imgfab.stack.candidates import (_DTYPE_PRECISION, _OS_ORDER, RELEASE_CONSTRAINTS, Rejection,
+                                     _python_ok, _torch_pin, evaluate, payload_floors, payload_of)
 
 
 def _field_for(constraint: str) -> str:
     return {"version": "backend.version", "arch": "target.gpu", "precision": "engine.quantization",
+            "dtype": "engine.dtype", "kv-cache": "engine.kv_cache_dtype",
             "python": "image.os", "image": "image.os", "driver": "target.driver",
             "torch": "backend.version", "gpu-driver": "target.driver"}.get(constraint, "recipe")
 
@@ -35,9 +36,55 @@ class _Fix:
     text: str = field(compare=False)
 
 
-# How heavy each recipe change is: a pin, an OS or a policy is an edit; a driver upgrade touches
-# every host of the fleet, so it weighs two edits.
-_WEIGHTS = {"version": 1, "os": 1, "policy": 1, "driver": 2}
+# The methods a recipe can name (engine.quantization), besides none.
+_QUANTIZATIONS = tuple(q.value for q in Quantization if q.value != "none")
+
+# How heavy each recipe change is: a pin, an OS, a policy or a dtype is an edit; a driver upgrade
+# touches every host of the fleet, and another quantization another checkpoint, so each weighs two.
+_WEIGHTS = {"version": 1, "os": 1, "policy": 1, "dtype": 1, "kv-cache": 1, "driver": 2,
+            "quantization": 2}
+
+
+def _precision_variants(recipe: Recipe, matrix: Matrix, backend: str
+                        ) -> list[tuple[list[tuple[str, str]], tuple[str, ...]]]:
+    """The recipe's precisions and every single or combined relaxation of them: (changes,
+    precisions to check). bf16 → fp16 (engine.dtype: float16), fp8 KV cache → auto, the
+    quantization → none or another method the backend has rules for."""
+    quant = recipe.engine.quantization
+    dtype = _DTYPE_PRECISION[recipe.engine.dtype]
+    kv = recipe.engine.kv_cache_dtype == "fp8"
+    quants = [(quant, [])]
+    if quant != "none":
+        quants.append(("none", [("quantization", "engine.quantization: none")]))
+    methods = sorted({r.precision for r in matrix.precisions if r.backend == backend}
+                     - {"bf16", "fp16", "kv_fp8", quant})
+    quants += [(m, [("quantization", f"engine.quantization: {m}")]) for m in methods
+               if m in _QUANTIZATIONS]
+    dtypes = [(dtype, [])] + ([("fp16", [("dtype", "engine.dtype: float16")])] if dtype == "bf16" else [])
+    kvs = [(kv, [])] + ([(False, [("kv-cache", "engine.kv_cache_dtype: auto")])] if kv else [])
+    variants = []
+    for q, qc in quants:
+        for d, dc in dtypes:
+            for k, kc in kvs:
+                names = tuple(p for p in (q, d, "kv_fp8" if k else "none") if p not in ("none", "auto"))
+                variants.append((qc + dc + kc, names))
+    return variants
+
+
+def _forward_need(matrix: Matrix, driver: str, cuda: str) -> tuple[str, str] | None:
+    """Under forward-compat: None when the host's branch runs ``cuda`` by NVIDIA's table, else
+    (the lowest listed branch above the host's, what the table says); ("", "") when none is."""
+    branch = str(parse_version(driver)[0])
+    listed = sorted((b.branch for b in matrix.driver_branches if major_minor(cuda) in b.forward_compat_cuda),
+                    key=int)
+    if branch in listed:
+        return None
+    above = [b for b in listed if int(b) > int(branch)]
+    if not above:
+        return ("", "")
+    package = "cuda-compat-" + major_minor(cuda).replace(".", "-")
+    return (above[0], f"NVIDIA's forward-compatibility table lists {package} on "
+                      f"{', '.join('R' + b for b in listed)}")
 
 
 def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
@@ -46,19 +93,26 @@ def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
 
     Every release × OS × image patch is tried with every relaxation at once: widen the version
     pin, change image.os, switch strict → minor-compat, raise the fleet driver (to the payload's
-    floor and the GPU's own minimum together). A candidate whose payload has no code for the GPU,
-    no torch row or no Python match is not fixable by these and is skipped. The fix with the
-    fewest/lightest changes wins, then the lowest driver, then the newest release. A precision
-    failure that no relaxation fixes falls back to its own fix.
+    floor and the GPU's own minimum together; under forward-compat, to a branch NVIDIA's
+    forward-compatibility table lists for the payload's CUDA), and relax the precision (bf16 →
+    float16, fp8 KV cache → auto, another quantization). A candidate whose payload has no code
+    for the GPU, no torch row or no Python match is not fixable by these and is skipped, and
+    so is a driver the GPU's architecture is past (NVIDIA's last branch for it). The fix with
+    the fewest/lightest changes wins, then the lowest driver, then the newest release.
     """
     policy = recipe.target.driver_policy
     spec = SpecifierSet(recipe.backend.version or "")
-    precisions = precisions_to_check(recipe)
     best: _Fix | None = None
+    ceiling = int(gpu.last_driver_branch) if gpu.last_driver_branch else None
     for release, _ in failures_by_release:
-        fields, failures = evaluate(matrix, release, gpu=gpu, precisions=precisions, driver="9999",
-                                    policy=STRICT, os_names=_OS_ORDER)
-        if any(f.constraint in ("arch", "torch", "precision") for f in failures):
+        variant = None
+        for precision_changes, precisions in _precision_variants(recipe, matrix, release.backend):
+            _, failures = evaluate(matrix, release, gpu=gpu, precisions=precisions, driver="9999",
+                                   policy=STRICT, os_names=_OS_ORDER)
+            if not any(f.constraint in RELEASE_CONSTRAINTS for f in failures):
+                variant = precision_changes
+                break
+        if variant is None:
             continue
         torch = _torch_pin(matrix, release)
         profile = matrix.profiles[release.backend]
@@ -72,21 +126,35 @@ def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
                     continue
                 payload = payload_of(matrix, release, torch, toolkit, profile.runtime_flavor == "devel")
                 floors = payload_floors(matrix, toolkit, payload)
-                options = [(policy, floors.get(policy) or floors[STRICT])]
-                if policy == STRICT and floors[MINOR_COMPAT]:
-                    options.append((MINOR_COMPAT, floors[MINOR_COMPAT]))
-                for chosen_policy, floor in options:
+                options: list[tuple[str, str, str]] = []  # (policy, driver needed, its text)
+                if policy == FORWARD_COMPAT and gpu.datacenter:
+                    need = _forward_need(matrix, driver, floors["cuda"])
+                    if need is None:
+                        options.append((policy, "0", ""))
+                    elif need[0]:
+                        options.append((policy, need[0], need[1]))
+                    options.append((STRICT, floors[STRICT], ""))
+                else:
+                    options.append((policy if policy != FORWARD_COMPAT else STRICT,
+                                    floors.get(policy) or floors[STRICT], ""))
+                if policy in (STRICT, FORWARD_COMPAT) and floors[MINOR_COMPAT]:
+                    options.append((MINOR_COMPAT, floors[MINOR_COMPAT], ""))
+                for chosen_policy, floor, text in options:
                     need = max((floor, gpu.min_driver or "0"), key=parse_version)
-                    changes: list[tuple[str, str]] = []
+                    if ceiling is not None and parse_version(need)[0] > ceiling:
+                        continue  # no driver that new drives this GPU
+                    changes: list[tuple[str, str]] = list(variant)
                     if Version(release.version) not in spec:
                         changes.append(("version", f"backend.version: '=={release.version}'"))
                     if recipe.image.os and recipe.image.os != os_name:
                         changes.append(("os", f"image.os: {os_name}"))
                     if chosen_policy != policy:
-                        changes.append(("policy", f"target.driver_policy: {chosen_policy} "
-                                                  f"({MINOR_COMPAT_LIMITS})"))
+                        limits = f" ({MINOR_COMPAT_LIMITS})" if chosen_policy == MINOR_COMPAT else ""
+                        changes.append(("policy", f"target.driver_policy: {chosen_policy}{limits}"))
                     if compare_versions(driver, need) < 0:
-                        changes.append(("driver", f"raise target.driver to ≥ {need}"))
+                        changes.append(("driver", f"move target.driver to branch R{parse_version(need)[0]}"
+                                        + (f" (≥ {need})" if need != floor else "") + f" ({text})"
+                                        if text else f"raise target.driver to ≥ {need}"))
                     if not changes:
                         continue
                     why = (f"{release.backend} {release.version}"
@@ -101,6 +169,6 @@ def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
         return best.text
     for _, failures in failures_by_release:
         for failure in failures:
-            if failure.constraint == "precision" and failure.fix:
+            if failure.constraint in ("precision", "dtype", "kv-cache", "gpu-driver") and failure.fix:
                 return failure.fix
     return f"run `imgfab matrix --gpu {gpu.name} --driver {driver}` to see what fits this host"

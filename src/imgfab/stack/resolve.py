@@ -28,9 +28,9 @@ from imgfab.matrix.compat import BackendRelease, CudaToolkit, Gpu, Matrix
 from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.recipe import Recipe
 from imgfab.in_image.rules import (FORWARD_COMPAT, MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT,
-                                   compare_versions, nvidia_require_cuda)
+                                   compare_versions, nvidia_require_cuda, parse_version)
 from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
-from imgfab.stack.candidates import (_OS_ORDER, Payload, Rejection, _torch_pin, covered_archs,
+from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _torch_pin, covered_archs,
                                      evaluate, payload_floors, payload_of, precision_of,
                                      precisions_to_check)
 from imgfab.stack.fixes import _field_for, _nearest_fix
@@ -89,6 +89,7 @@ class Stack:
     compat_floor: str
     nvidia_require_cuda: str
     fleet_driver: str
+    driver_ceilings: tuple[str, ...]  # "7.0:580": NVIDIA's last driver branch per capability the archs run
     payload_runtime: str  # the newest CUDA runtime the payload brings, e.g. "12.8.90"
     payload_runtime_toolkit: str  # the toolkit release that first ships it, e.g. "12.8.1"
     payload_runtime_from: str  # which component brings it, e.g. "torch 2.10.0 (nvidia-cuda-runtime)"
@@ -149,13 +150,34 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolut
         raise CompatibilityError(f"the matrix has no {recipe.backend.name} release",
                                  field="backend.name")
     fix = _nearest_fix(recipe, matrix, gpu, precision, failures_by_release, driver)
-    # Headline: the newest candidate the recipe admits, else the newest of all.
-    first = next((r for r in rejections if r.constraint != "version"), rejections[0])
+    first, deciding = deciding_rejection(failures_by_release)
+    which = (f"every candidate the recipe admits fails {first.constraint}; newest"
+             if deciding else "newest")
     raise CompatibilityError(
         f"no {recipe.backend.name} stack fits {gpu.name} with driver {driver} ({policy}); "
-        f"{len(rejections)} candidates rejected, newest: {first.candidate}: {first.reason}",
+        f"{len(rejections)} candidates rejected, {which}: {first.candidate}: {first.reason}",
         field=_field_for(first.constraint), fix=fix,
         rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections])
+
+
+def deciding_rejection(failures_by_release: list[tuple[BackendRelease, list[Rejection]]]
+                       ) -> tuple[Rejection, bool]:
+    """The rejection a refusal's headline names, and whether it decides.
+
+    Among the candidates the recipe admits (its version pin; all when it admits none), a
+    constraint that every one of them fails decides: no other change lets one through. The
+    headline names the highest-priority such constraint, from the newest candidate failing it
+    (bf16 on a V100: the newest vLLM fails on architecture and dtype, older ones on dtype only,
+    so dtype decides). With no common constraint, the newest admitted candidate's first failure.
+    """
+    admitted = [(r, f) for r, f in failures_by_release if f and f[0].constraint != "version"]
+    pool = admitted or failures_by_release
+    common = set.intersection(*({f.constraint for f in failures} for _, failures in pool))
+    decisive = next((c for c in _PRIORITY if c in common and c != "version"), None)
+    if decisive is not None and len(pool) > 1:
+        return next(f for _, failures in pool for f in failures if f.constraint == decisive), True
+    _, failures = pool[0]
+    return failures[0], False
 
 
 def refuse_cpu_arch(gpu: Gpu, where: str) -> None:
@@ -246,6 +268,11 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
                      | ({matrix.runtimes[torch_row.cuda_runtime].source}
                         if torch_row and torch_row.cuda_runtime in matrix.runtimes else set()))
     torch = fields["torch"]
+    archs = (gpu.compute_capability,) if engine else covered_archs(payload)
+    ceilings = matrix.driver_ceilings(archs, exact=engine)
+    if ceilings:
+        sources = sorted(set(sources) | {a.source for a in matrix.architectures.values() if a.last_driver_branch
+                                         and any(cc in ceilings for cc in a.compute_capabilities)})
     return Stack(
         backend=release.backend, backend_version=release.version,
         backend_path=recipe.backend.trtllm_path or "vllm",
@@ -256,7 +283,7 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         cuda_home=plan.cuda_home, payload_toolchain=payload_toolchain,
         torch=torch, tensorrt=release.tensorrt,
         gpu=gpu.name, compute_capability=gpu.compute_capability, sm=gpu.sm,
-        archs=(gpu.compute_capability,) if engine else covered_archs(payload), arch_exact=engine,
+        archs=archs, arch_exact=engine,
         precision=precision,
         precision_min_cc=(rule.min_compute_capability or "") if rule else "",
         precision_max_cc=(rule.max_compute_capability or "") if rule else "",
@@ -265,6 +292,9 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         driver_policy=policy, driver_floor=fields["floor"], strict_floor=floors[STRICT],
         compat_floor=floors[MINOR_COMPAT],
         nvidia_require_cuda=nvidia_require_cuda(floors["cuda"], policy), fleet_driver=driver,
+        driver_ceilings=tuple(f"{cc}:{branch}" for cc, branch in
+                              sorted(matrix.driver_ceilings(archs, exact=engine).items(),
+                                     key=lambda item: parse_version(item[0]))),
         payload_runtime=floors.get("pin", ""),
         payload_runtime_toolkit=runtime, payload_runtime_from=floors.get("from", "") if runtime else "",
         torch_index=torch_row.index if torch_row else "",

@@ -8,7 +8,8 @@ Pure: labels in, :class:`~imgfab.in_image.rules.Verdict` out.
 
 from __future__ import annotations
 
-from imgfab.in_image.rules import Verdict, check_arch, check_driver, check_precision
+from imgfab.in_image.rules import (Verdict, check_arch, check_driver, check_driver_ceiling,
+                                   check_precision, major_minor, parse_ceilings)
 
 P = "org.imgfab"
 
@@ -30,9 +31,20 @@ def driver_verdict(labels: dict[str, str], driver: str) -> Verdict:
         compat_floor=labels.get(f"{P}.driver.compat_floor") or None)
 
 
-def gpu_verdicts(labels: dict[str, str], gpu: str, compute_capability: str) -> list[Verdict]:
-    """The image's kernel architectures and precision (its labels) against one GPU."""
+def ceilings_of(labels: dict[str, str]) -> dict[str, str]:
+    """The image's ``driver.ceilings`` label: compute capability → NVIDIA's last driver branch
+    ({} when absent). Raises ValueError on a malformed label."""
+    return parse_ceilings(labels.get(f"{P}.driver.ceilings", ""))
+
+
+def gpu_verdicts(labels: dict[str, str], gpu: str, compute_capability: str,
+                 driver: str | None = None) -> list[Verdict]:
+    """The image's kernel architectures and precision (its labels) against one GPU, and, when
+    the host ``driver`` is given, NVIDIA's last driver branch for that GPU (``driver.ceilings``)."""
     verdicts = []
+    ceilings = ceilings_of(labels)
+    if driver is not None and major_minor(compute_capability) in ceilings:
+        verdicts.append(check_driver_ceiling(driver, compute_capability, ceilings=ceilings, gpu=gpu))
     archs = [a for a in labels.get(f"{P}.archs", "").split(",") if a]
     if archs:
         verdicts.append(check_arch(compute_capability, archs,

@@ -4,7 +4,7 @@
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-4447142b59ac}"
+IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-a344e28f26ec}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 no_comma() {
     case "$1" in

@@ -4,7 +4,7 @@
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.19.1-cu12.8.2-sm90-fp8-597876b8a79f}"
+IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.19.1-cu12.8.2-sm90-fp8-c43553bb3e05}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 no_comma() {
     case "$1" in

@@ -4,7 +4,7 @@
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-63e87be736f7}"
+IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-a9556120f94a}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 no_comma() {
     case "$1" in
