@@ -144,8 +144,8 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
                           fix="check the path and the free space") from None
     click.echo(f"rendered {len(files)} files into {target}")
     if lock is None:
-        click.echo(f"note: {target}/requirements.lock is not locked: this context does not build; "
-                   f"fix: run `imgfab lock {recipe}`", err=True)
+        click.echo(f"imgfab: note: {target}/requirements.lock is not locked (the committed lock is "
+                   f"missing, stale or refused): this context does not build", err=True)
 
 
 @cli.command()

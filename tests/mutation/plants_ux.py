@@ -23,3 +23,35 @@ PLANTS = [
          old="               for path in sorted(left_out)]\n", new="               for path in ()]\n",
          first=CI),
 ]
+
+SERVING = ("tests/render/test_artifacts.py",)
+SMOKE = ("tests/ops/test_smoke.py",)
+PLANTS += [
+    dict(name="ux: vLLM artifacts mount no API key", path="render/context.py",
+         old='    if stack.backend != "vllm":\n        return None\n    return {"file"',
+         new='    if True:\n        return None\n    return {"file"', first=SERVING),
+    dict(name="ux: entrypoint serves with an empty API key file", path="_data/templates/entrypoint.sh.j2",
+         old='    if [ -z "$VLLM_API_KEY" ]; then', new='    if false; then', first=SERVING),
+    dict(name="ux: run.sh starts with an empty API key file", path="_data/templates/run.sh.j2",
+         old='if [ ! -s "$API_KEY_FILE" ]; then', new='if [ ! -e /nonexistent-never ] && false; then',
+         first=SERVING),
+    dict(name="ux: compose has no restart policy", path="_data/templates/compose.yaml.j2",
+         old='    restart: "unless-stopped"\n', new='', first=SERVING),
+    dict(name="ux: k8s has no PodDisruptionBudget", path="_data/templates/k8s.yaml.j2",
+         old='kind: "PodDisruptionBudget"', new='kind: "PodDisruptionBudgetX"', first=SERVING),
+    dict(name="ux: trtllm ports published on every address", path="_data/templates/run.sh.j2",
+         old='    --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-{{ port }}}:{{ port }}"',
+         new='    --publish "${HOST_PORT:-{{ port }}}:{{ port }}"', first=SERVING),
+    dict(name="ux: smoke does not check the key is enforced", path="ops/smoke.py",
+         old="        if api_key and not _key_enforced(session, report, request_timeout_s):",
+         new="        if False:", first=SMOKE),
+    dict(name="ux: smoke mounts no key file", path="ops/smoke_shapes.py",
+         old="                           mounts=(*settings.mounts, (str(key_path), shapes.API_KEY_FILE, True)))",
+         new="                           mounts=settings.mounts)", first=SMOKE),
+    dict(name="ux: smoke leaves the key file behind", path="ops/smoke_shapes.py",
+         old="        if key_dir is not None:\n            remove_directory(key_dir)\n", new="", first=SMOKE),
+    dict(name="ux: vLLM serves the recipe name by default", path="render/context.py",
+         old="    return recipe.serve.served_model_name or recipe.model.id",
+         new="    return recipe.serve.served_model_name or recipe.name",
+         first=("tests/test_serving_defaults.py",)),
+]
