@@ -106,21 +106,34 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
               help="Replace --output even when it holds something other than a previous render.")
 @click.option("--registry", "registry_host", envvar="IMGFAB_REGISTRY",
               help="Registry the run artifacts name (default: image.registry; env IMGFAB_REGISTRY).")
+@click.option("--unlocked", is_flag=True,
+              help="Render without a fresh, installable lock, to read the context: its "
+                   "requirements.lock says `not locked` and the context does not build.")
 @compat_option
 def render(recipe: str, output: str | None, driver: str | None, force: bool,
-           registry_host: str | None, compat_dir: str | None) -> None:
+           registry_host: str | None, unlocked: bool, compat_dir: str | None) -> None:
     """Render RECIPE's build context: Dockerfile, lock file, run artifacts.
 
+    The context installs the recipe's committed lock, which must be fresh and installable (as
+    `imgfab build` needs it): a missing, stale or refused lock is exit 2 unless --unlocked.
     An existing output directory is replaced only when it holds a previous render (or is
     empty); anything else needs --force."""
-    from imgfab.payload.lock import committed_lock
+    from imgfab.payload.lock import committed_lock, load_for_build
     from imgfab.render.context import render_context, write_context
     from imgfab.render.source import source_of
 
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
-    files = render_context(parsed, resolution.stack, matrix,
-                           lock=committed_lock(recipe, parsed, resolution.stack,
-                                               Path(compat_dir) if compat_dir else None),
+    compat_path = Path(compat_dir) if compat_dir else None
+    lock = committed_lock(recipe, parsed, resolution.stack, compat_path)
+    if lock is None and not unlocked:
+        try:  # says why: missing, stale, refused, unhashed
+            load_for_build(recipe, parsed, resolution.stack, None, compat_path)
+        except ImgfabError as error:
+            error.fix = f"{error.fix}; or pass --unlocked to render a context that does not build"
+            raise
+        raise RecipeError("the committed lock is not installable", field="lock",
+                          fix=f"run `imgfab lock {recipe}` and commit the lock")
+    files = render_context(parsed, resolution.stack, matrix, lock=lock,
                            registry=registry_host or parsed.image.registry, source=source_of(recipe))
     target = Path(output) if output else Path("build") / parsed.name
     try:
@@ -129,6 +142,9 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
         raise ImgfabError(f"cannot write {target}: {exc.strerror or exc}", field="--output",
                           fix="check the path and the free space") from None
     click.echo(f"rendered {len(files)} files into {target}")
+    if lock is None:
+        click.echo(f"imgfab: note: {target}/requirements.lock is not locked (the committed lock is "
+                   f"missing, stale or refused): this context does not build", err=True)
 
 
 @cli.command()
@@ -491,6 +507,9 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
               help="Offline: exit 1 naming each recipe whose lock is missing or stale.")
 @click.option("--online", is_flag=True,
               help="With --check: also compare every pinned hash with the index's own (network).")
+@click.option("--allow-refused", is_flag=True,
+              help="With --check: a current lock that records a refusal (the recipe cannot build) "
+                   "is reported, not exit 2.")
 @click.option("--upgrade", is_flag=True, help="Re-resolve even a fresh lock; print what changed.")
 @click.option("--index-url", help="Resolve from this index only (a mirror; the tests' fake index).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
@@ -498,24 +517,33 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
 @click.option("--python-version", help="Lock for this Python instead of the stack's (with --output).")
 @click.option("--python-platform", help="Lock for this uv platform, e.g. x86_64-manylinux_2_36 (with --output).")
 @compat_option
-def lock(recipes: tuple[str, ...], check: bool, online: bool, upgrade: bool, index_url: str | None,
-         output: str | None, python_version: str | None, python_platform: str | None,
-         compat_dir: str | None) -> None:
-    """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock."""
+def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: bool, upgrade: bool,
+         index_url: str | None, output: str | None, python_version: str | None,
+         python_platform: str | None, compat_dir: str | None) -> None:
+    """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock.
+
+    --check exits 1 naming each lock that is missing or stale, and 2 naming each current lock
+    that records a refusal (that recipe cannot build) unless --allow-refused."""
     from imgfab.payload.lock import check_lock, lock_recipe
 
     compat_path = Path(compat_dir) if compat_dir else None
     if online and not check:
         raise RecipeError("--online is a kind of --check", field="--online", fix="imgfab lock --check --online RECIPE")
+    if allow_refused and not check:
+        raise RecipeError("--allow-refused is a kind of --check", field="--allow-refused",
+                          fix="imgfab lock --check --allow-refused RECIPE")
     if check:
         from imgfab.payload.online import check_online
 
         failed = []
+        refused = []
         for path in recipes:
             result = check_lock(path, compat_path)
             if result.problem:
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
                 continue
+            if result.lock is not None and result.lock.refused and not allow_refused:
+                refused.append(result.recipe)
             compared = ""
             if online and result.lock is not None and result.lock.packages:
                 count = check_online(result.lock, index_url=index_url, source=result.path.name)
@@ -527,6 +555,12 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, upgrade: bool, ind
         if failed:
             click.echo(f"imgfab: lock: missing or stale: {'; '.join(failed)}; fix: run "
                        f"`imgfab lock RECIPE` and commit the lock", err=True)
+        if refused:
+            click.echo(f"imgfab: lock: refused, cannot build: {', '.join(refused)}; fix: lock them "
+                       f"where their indexes answer, or pass --allow-refused to accept the "
+                       f"recorded refusals", err=True)
+            sys.exit(2)
+        if failed:
             sys.exit(1)
         return
     if output and len(recipes) != 1:
@@ -659,10 +693,14 @@ def ci() -> None:
                                    "(default: build them with --engine-at-start).")
 def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None) -> None:
     """Print a GitHub Actions workflow: one job per recipe, push on v* tags."""
-    from imgfab.render.ci import github_workflow
+    from imgfab.render.ci import workflow_plan, workflow_text
 
-    click.echo(github_workflow(list(recipes) or None, registry=registry_host,
-                               gpu_runner=gpu_runner), nl=False)
+    workflow, left_out = workflow_plan(list(recipes) or None, registry=registry_host,
+                                       gpu_runner=gpu_runner)
+    click.echo(workflow_text(workflow, left_out), nl=False)
+    for path in sorted(left_out):
+        click.echo(f"imgfab: note: ci github: left out {path}: its lock records a refusal, it "
+                   f"cannot build; fix: lock it where its indexes answer", err=True)
 
 
 def _usage_line(error: click.ClickException) -> str:

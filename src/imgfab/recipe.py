@@ -273,7 +273,12 @@ PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 class ServeSpec(_Strict):
     port: Annotated[int, Field(ge=1024, le=65535)] = 8000
-    served_model_name: str | None = None
+    served_model_name: str | None = Field(
+        None, description="The name clients send as `model` and /v1/models lists. Default: vLLM "
+                          "serves the model id (model.id, what OpenAI clients expect); "
+                          "trtllm-serve names it after the directory it serves (the engine's, "
+                          "else model.mount_path's last part), so there it must hold no '/'",
+        examples=["Qwen/Qwen2-7B-Instruct", "qwen2-7b"])
     max_model_len: Annotated[int, Field(ge=16, le=1048576)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.05, le=0.99)] = 0.90
     preset: Literal["chat", "long-context"] = "chat"

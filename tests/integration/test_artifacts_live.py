@@ -101,7 +101,11 @@ def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
     # The weights directory is named like the mount, as the server sees it.
     weights = _weights(tmp_path / "host", recipe.model.mount_path.rsplit("/", 1)[1])
     port = free_port()
-    env = dict(os.environ, WEIGHTS_DIR=str(weights), HOST_PORT=str(port))
+    key = tmp_path / "api-key"  # read by the image's user through the secret's bind mount
+    key.write_text(f"k-{uuid.uuid4().hex}")
+    key.chmod(0o644)
+    vllm = recipe.backend.name == "vllm"
+    env = dict(os.environ, WEIGHTS_DIR=str(weights), HOST_PORT=str(port), API_KEY_FILE=str(key))
     compose = ["docker-compose", "--project-name", f"imgfab-test-{uuid.uuid4().hex[:8]}"]
     resolved = subprocess.run(compose + ["-f", str(tmp_path / "ctx" / "compose.yaml"), "config"],
                               env=env, capture_output=True, text=True, check=True).stdout
@@ -118,7 +122,8 @@ def test_compose_up_serves_and_smokes(recipe_name, tmp_path):
     try:
         assert up.returncode == 0, up.stderr[-2000:]
         report = run_smoke(f"http://127.0.0.1:{port}", health_timeout_s=90, poll_interval_s=0.5,
-                           model=recipe.serve.served_model_name)
+                           model=recipe.serve.served_model_name,
+                           api_key=key.read_text() if vllm else None)
         logs = subprocess.run(compose + ["-f", str(local), "logs", "--no-color"], env=env,
                               capture_output=True, text=True).stdout
         assert report.passed, (report.failures, logs[-3000:])

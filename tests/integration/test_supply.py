@@ -156,7 +156,9 @@ def test_the_bundle_names_exactly_the_digest_the_registry_serves(signed, tmp_pat
     bundle = Path(signed["publish"]["bundle"])
     served = f"{signed['repository']}@{digest_of(signed['tags'][1])}"
     assert served == signed["pushed"]
-    env = dict(os.environ, WEIGHTS_DIR="/srv/weights")
+    key = tmp_path / "api-key"
+    key.write_text("k-123")
+    env = dict(os.environ, WEIGHTS_DIR="/srv/weights", API_KEY_FILE=str(key))
     env.pop("DOCKER_HOST", None)
     compose = subprocess.run(["docker-compose", "-f", str(bundle / "compose.yaml"), "config"],
                              capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -181,7 +183,8 @@ def test_the_bundle_names_exactly_the_digest_the_registry_serves(signed, tmp_pat
     log = tmp_path / "argv"
     ran = subprocess.run(["bash", str(bundle / "run.sh")], capture_output=True, text=True,
                          env=dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}",
-                                  STUB_LOG=str(log), WEIGHTS_DIR="/srv/weights"))
+                                  STUB_LOG=str(log), WEIGHTS_DIR="/srv/weights",
+                                  API_KEY_FILE=str(key)))
     assert ran.returncode == 0, ran.stderr
     assert served in log.read_text().splitlines()
     assert json.loads((bundle / "bundle.json").read_text())["image"] == served

@@ -103,7 +103,7 @@ def test_doctor_docker_down():
     view = copy.deepcopy(NO_GPU)
     view.docker_info, view.docker_error = None, "connection refused"
     finding = next(f for f in diagnose(view) if f.check == "docker")
-    assert finding.severity == "error" and "local-stack.sh up" in finding.fix
+    assert finding.severity == "error" and "DOCKER_HOST" in finding.fix
 
 
 def test_doctor_image_against_a_recorded_h200(matrix):

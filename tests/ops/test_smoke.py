@@ -422,3 +422,55 @@ def test_smoke_cli_needs_weights_or_synthetic_in_one_line():
     bad = subprocess.run([sys.executable, "-m", "imgfab.cli", "smoke", "img:1", "--synthetic-model",
                           "--mount", "/a,b:/c"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--mount" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# --- the API key (issue 23) ----------------------------------------------------------------
+
+def test_the_client_sends_the_key_and_checks_it_is_enforced(tmp_path):
+    with openai_server(tmp_path, "--api-key", "k-123") as url:
+        report = smoke_fast(url, api_key="k-123", completions=True)
+        assert report.passed, report.failures
+        without = smoke_fast(url)
+        assert not without.passed and "401" in without.failures[0]
+
+
+def test_a_server_that_answers_without_the_key_fails(tmp_path):
+    with openai_server(tmp_path) as url:
+        report = smoke_fast(url, api_key="k-123")
+    assert not report.passed
+    assert report.failures[0].startswith("api key: ") and "serves anyone" in report.failures[0]
+
+
+class KeyedShapeEngine(ShapeEngine):
+    """Starts the server with the key file mounted where the entrypoint reads it, as the image
+    does: what smoke mounts there is what the server enforces."""
+
+    def run_container(self, image: str, **kwargs):
+        from imgfab.render.shapes import API_KEY_FILE
+
+        files = [(src, ro) for src, dst, ro in kwargs["mounts"] if dst == API_KEY_FILE]
+        self.key_mounts = files
+        args = ["--api-key-file", files[0][0]] if files else []
+        self.runs.append(dict(kwargs))
+        (_, (host, port)), = kwargs["ports"].items()
+        self.run_kwargs = dict(kwargs, image=image)
+        proc, _ = start_server(self.tmp_path / "container.log", "--host", host, "--port",
+                               str(port), *args, *self.server_args)
+        return proc
+
+
+def test_every_shape_gets_a_fresh_key_file_that_is_removed(tmp_path, monkeypatch):
+    from imgfab.ops.smoke_shapes import smoke_shapes
+
+    monkeypatch.setattr(smoke, "GpuMemorySampler", NoGpu)
+    fake = KeyedShapeEngine(tmp_path, GOOD_MOUNTS)
+    settings = smoke.RunSettings(health_timeout_s=10, poll_interval_s=0.05, completions=True)
+    report = smoke_shapes("registry.local/llm:1", settings, ("runsh", "k8s"), uid=10001,
+                          engine=fake, api_key=True)
+    assert report.passed, [r.failures for r in report.shapes]
+    ((key_file, read_only),) = fake.key_mounts
+    assert read_only and not Path(key_file).exists(), "the key file is removed afterwards"
+    assert all(any(m[1] == "/run/secrets/imgfab-api-key" for m in r["mounts"]) for r in fake.runs)
+    plain = smoke_shapes("registry.local/llm:1", settings, ("runsh",), uid=10001,
+                         engine=KeyedShapeEngine(tmp_path, GOOD_MOUNTS), api_key=False)
+    assert plain.passed, [r.failures for r in plain.shapes]

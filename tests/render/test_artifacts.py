@@ -98,17 +98,26 @@ def test_run_sh_argv_argument_by_argument(name, strategy, matrix, tmp_path):
     recipe, stack, files = _render(name, strategy, matrix, tmp_path / "ctx")
     stubs = _stubs(tmp_path / "bin", "docker")
     log = tmp_path / "docker.log"
+    key = tmp_path / "api key"
+    key.write_text("k-123\n")
     env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(log),
-               WEIGHTS_DIR="/srv/weights dir", CALIBRATION_FILE="/srv/prompts.txt")
+               WEIGHTS_DIR="/srv/weights dir", CALIBRATION_FILE="/srv/prompts.txt",
+               API_KEY_FILE=str(key))
+    env.pop("HOST_ADDR", None)
     result = subprocess.run(["bash", str(tmp_path / "ctx" / "run.sh"), "--extra", "two words"],
                             env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     (call,) = _records(log)
     gpus = recipe.target.count * recipe.target.pipeline_parallel
     port = recipe.serve.port
+    # vLLM: the API key secret is mounted where the entrypoint reads it; trtllm-serve gets no
+    # key, so its port is published on the loopback address only.
+    publish = ["--publish", f"{port}:{port}", "--mount",
+               f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly"] \
+        if recipe.backend.name == "vllm" else ["--publish", f"127.0.0.1:{port}:{port}"]
     expected = ["docker", "run", "--rm", "--name", recipe.name, "--gpus", f"count={gpus}",
                 "--shm-size", recipe.image.shm_size, "--ulimit", "memlock=-1",
-                "--ulimit", "stack=67108864", "--publish", f"{port}:{port}",
+                "--ulimit", "stack=67108864", *publish,
                 "--env", f"IMGFAB_PRESET={recipe.serve.preset}",
                 "--mount", f"type=bind,source=/srv/weights dir,target={recipe.model.mount_path},readonly",
                 # the compiled-kernel caches, kept across --rm runs
@@ -131,7 +140,10 @@ def test_run_sh_refuses_what_docker_would_misread(name, matrix, tmp_path):
     _render(name, "two-phase", matrix, tmp_path / "ctx")
     stubs = _stubs(tmp_path / "bin", "docker")
     log = tmp_path / "docker.log"
-    base = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(log))
+    key = tmp_path / "api-key"
+    key.write_text("k-123")
+    base = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(log),
+                API_KEY_FILE=str(key))
     base.pop("WEIGHTS_DIR", None)
     script = str(tmp_path / "ctx" / "run.sh")
     missing = subprocess.run(["bash", script], env=base, capture_output=True, text=True)
@@ -144,6 +156,26 @@ def test_run_sh_refuses_what_docker_would_misread(name, matrix, tmp_path):
                              capture_output=True, text=True)
         assert bad.returncode == 2 and "volume name" in bad.stderr, (volume, bad.stderr)
     assert not log.exists(), "docker must not run on bad input"
+
+
+@pytest.mark.parametrize("name", [p.stem for p in RECIPES if "vllm" in p.read_text()])
+def test_run_sh_needs_an_api_key_file_with_a_key(name, matrix, tmp_path):
+    """A vLLM server is never published without a key: run.sh refuses before docker runs."""
+    _render(name, "two-phase", matrix, tmp_path / "ctx")
+    stubs = _stubs(tmp_path / "bin", "docker")
+    log = tmp_path / "docker.log"
+    base = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(log),
+                WEIGHTS_DIR="/srv/w")
+    base.pop("API_KEY_FILE", None)
+    script = str(tmp_path / "ctx" / "run.sh")
+    missing = subprocess.run(["bash", script], env=base, capture_output=True, text=True)
+    assert missing.returncode != 0 and "API_KEY_FILE" in missing.stderr
+    (tmp_path / "empty").write_text("")
+    for path in (tmp_path / "empty", tmp_path / "absent"):
+        bad = subprocess.run(["bash", script], env=base | {"API_KEY_FILE": str(path)},
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and "not a file with a key" in bad.stderr, bad.stderr
+    assert not log.exists(), "docker must not run without a key"
 
 
 def test_run_sh_at_start_needs_the_calibration_prompts(matrix, tmp_path):
@@ -199,6 +231,32 @@ def test_entrypoint_probes_then_execs_the_preset_server(name, matrix, tmp_path):
     assert _records(log)[-1] == ["echo", "a b"]
     bad = _entrypoint(tmp_path / "ctx", stubs, tmp_path / "bad.log", preset="batch")
     assert bad.returncode == 2 and "batch" in bad.stderr
+
+
+def test_entrypoint_hands_the_api_key_file_to_vllm(matrix, tmp_path):
+    """The secret file becomes VLLM_API_KEY for the server; an empty one refuses to start
+    (vLLM would serve without a key); no file, no key."""
+    _render("qwen2-7b-h100", "two-phase", matrix, tmp_path / "ctx")
+    stubs = _stubs(tmp_path / "bin", "imgfab-probe")
+    (stubs / "vllm").write_text('#!/bin/sh\nprintf %s "${VLLM_API_KEY-unset}" > "$KEY_SEEN"\n')
+    (stubs / "vllm").chmod(0o755)
+    seen = tmp_path / "seen"
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(tmp_path / "log"),
+               KEY_SEEN=str(seen))
+    env.pop("VLLM_API_KEY", None)
+
+    def start(key_file: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(tmp_path / "ctx" / "entrypoint.sh")],
+                              env=env | {"IMGFAB_API_KEY_FILE": str(key_file)},
+                              capture_output=True, text=True, timeout=60)
+
+    (tmp_path / "key").write_text("k-123\n")
+    assert start(tmp_path / "key").returncode == 0 and seen.read_text() == "k-123"
+    seen.unlink()
+    (tmp_path / "empty").write_text("\n")
+    empty = start(tmp_path / "empty")
+    assert empty.returncode == 2 and "empty" in empty.stderr and not seen.exists()
+    assert start(tmp_path / "absent").returncode == 0 and seen.read_text() == "unset"
 
 
 def _as_root_with_tmpfs(mount_path: str) -> list[str]:
@@ -339,8 +397,10 @@ def test_compose_config_accepts_it(name, strategy, matrix, tmp_path):
     from imgfab.render import trtllm
 
     recipe, _, _ = _render(name, strategy, matrix, tmp_path / "ctx")
-    env = dict(os.environ, WEIGHTS_DIR="/srv/weights", CALIBRATION_FILE="/srv/prompts.txt")
+    env = dict(os.environ, WEIGHTS_DIR="/srv/weights", CALIBRATION_FILE="/srv/prompts.txt",
+               API_KEY_FILE="/srv/api-key")
     env.pop("DOCKER_HOST", None)  # `config` needs no engine
+    env.pop("HOST_ADDR", None)
     result = subprocess.run([_compose(), "-f", str(tmp_path / "ctx" / "compose.yaml"), "config"],
                             env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -351,6 +411,16 @@ def test_compose_config_accepts_it(name, strategy, matrix, tmp_path):
     assert service["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": recipe.target.count * recipe.target.pipeline_parallel,
          "capabilities": ["gpu"]}]
+    assert service["restart"] == "unless-stopped"
+    if recipe.backend.name == "vllm":  # the API key is a secret file, never an environment value
+        assert service["secrets"] == [{"source": "api_key", "target": "imgfab-api-key"}]
+        assert config["secrets"] == {"api_key": {"file": "/srv/api-key"}}
+        assert not any("KEY" in k for k in service.get("environment", {}))
+    else:  # trtllm-serve gets no key: loopback only unless HOST_ADDR says otherwise
+        (port,) = service["ports"]
+        assert "secrets" not in service
+        assert port.get("host_ip") == "127.0.0.1" if isinstance(port, dict) \
+            else port.startswith("127.0.0.1:"), port
     targets = {v["target"]: v for v in service["volumes"]}
     assert targets[recipe.model.mount_path]["read_only"] is True
     assert targets[recipe.model.mount_path]["source"] == "/srv/weights"
@@ -376,7 +446,7 @@ def test_yaml_names_stay_strings(name, matrix, tmp_path):
     assert name in yaml.safe_load((tmp_path / "ctx" / "compose.yaml").read_text())["services"]
     docs = list(yaml.safe_load_all((tmp_path / "ctx" / "k8s.yaml").read_text()))
     assert {d["metadata"]["name"] for d in docs if d} == {name}
-    env = dict(os.environ, WEIGHTS_DIR="/srv/w")
+    env = dict(os.environ, WEIGHTS_DIR="/srv/w", API_KEY_FILE="/srv/k")
     result = subprocess.run([_compose(), "-f", str(tmp_path / "ctx" / "compose.yaml"), "config",
                              "--services"], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.split() == [name], result.stderr
@@ -396,9 +466,14 @@ def test_k8s_passes_kubernetes_validate_strict(name, strategy, matrix, tmp_path)
     result = subprocess.run([validate, "--strict", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     docs = {d["kind"]: d for d in yaml.safe_load_all(path.read_text()) if d}
-    assert {"Deployment", "Service"} <= set(docs)
+    assert {"Deployment", "Service", "PodDisruptionBudget"} <= set(docs)
+    assert "imgfab creates and fills no weights volume" in path.read_text()  # the operator's part
     deployment = docs["Deployment"]["spec"]
-    assert deployment["strategy"] == {"type": "Recreate"}
+    # Never a surge: an update must not wait for GPUs the old pod holds.
+    assert deployment["strategy"] == {"type": "RollingUpdate",
+                                      "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    budget = docs["PodDisruptionBudget"]["spec"]
+    assert budget["selector"] == deployment["selector"] and budget["maxUnavailable"] == 1
     pod = deployment["template"]["spec"]
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": recipe.image.uid,
                                       "runAsGroup": recipe.image.uid, "fsGroup": recipe.image.uid,
@@ -412,6 +487,14 @@ def test_k8s_passes_kubernetes_validate_strict(name, strategy, matrix, tmp_path)
     assert {"/tmp", "/home/imgfab", "/dev/shm", recipe.model.mount_path} <= mounts
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert docs["Service"]["spec"]["selector"] == deployment["selector"]["matchLabels"]
+    if recipe.backend.name == "vllm":  # the API key from a Secret, readable by the pod's group
+        (key,) = [v for v in pod["volumes"] if v["name"] == "api-key"]
+        assert key["secret"]["secretName"] == f"{recipe.name}-api-key"
+        assert key["secret"]["defaultMode"] == 0o440 and "optional" not in key["secret"]
+        assert {"name": "api-key", "mountPath": "/run/secrets/imgfab-api-key",
+                "subPath": "imgfab-api-key", "readOnly": True} in container["volumeMounts"]
+    else:
+        assert not [v for v in pod["volumes"] if v["name"] == "api-key"]
     engine = recipe.backend.trtllm_path == "engine"
     assert ("PersistentVolumeClaim" in docs) == engine
     assert (trtllm.ENGINE_CACHE in mounts) == engine

@@ -146,11 +146,71 @@ def test_bake_bad_recipe_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "b.json").exists()
 
 
+def _installable_lock(recipe_path: Path) -> str:
+    """A current lock for ``recipe_path`` that records no refusal (one hashed pin): what the
+    TensorRT-LLM recipes would commit where their indexes answer (they do not, here)."""
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.payload.lock import LockedPackage, format_lock, payload_request
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.resolve import resolve
+
+    recipe = load_recipe(recipe_path)
+    stack = resolve(recipe, load_matrix()).stack
+    package = LockedPackage(name=stack.backend, version=stack.backend_version,
+                            hashes=[f"sha256:{'a' * 64}"],
+                            urls=[f"https://pypi.nvidia.com/x/{stack.backend}.whl"])
+    return format_lock(payload_request(recipe, stack), [package], uv_version="0.9.0")
+
+
 @pytest.fixture(scope="module")
-def workflow() -> dict:
-    result = imgfab("ci", "github", *(str(r.relative_to(REPO)) for r in RECIPES), cwd=REPO)
+def checkout(tmp_path_factory) -> Path:
+    """The example recipes with a lock each that can build: the repository's own, and for a
+    recipe whose lock records a refusal, :func:`_installable_lock`."""
+    root = tmp_path_factory.mktemp("checkout")
+    (root / "recipes").mkdir()
+    for recipe in RECIPES:
+        shutil.copy(recipe, root / "recipes" / recipe.name)
+        lock = recipe.with_suffix(".lock")
+        text = lock.read_text(encoding="utf-8")
+        if "\n# refused:" in text or text.startswith("# refused:"):
+            text = _installable_lock(root / "recipes" / recipe.name)
+        (root / "recipes" / lock.name).write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def workflow(checkout) -> dict:
+    result = imgfab("ci", "github", *(str(r.relative_to(REPO)) for r in RECIPES), cwd=checkout)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
+
+
+def test_the_checkout_is_what_the_repository_lacks():
+    """The repository's TensorRT-LLM locks record a refusal (that is why the fixture exists)."""
+    refused = [r.stem for r in RECIPES if "# refused:" in r.with_suffix(".lock").read_text()]
+    assert refused and all("trtllm" in r or "engine" in r for r in refused), refused
+
+
+def test_no_job_for_a_recipe_that_cannot_build():
+    """A recipe whose lock records a refusal gets no job: named, it is exit 2 with the fix;
+    from the default recipes/*.yaml it is left out, named in the header and on stderr."""
+    refused = sorted(str(r.relative_to(REPO)) for r in RECIPES
+                     if "# refused:" in r.with_suffix(".lock").read_text())
+    named = imgfab("ci", "github", refused[0], "recipes/qwen2-7b-h100.yaml", cwd=REPO)
+    assert named.returncode == 2 and named.stdout == "", named.stderr
+    line = named.stderr.strip()
+    assert "\n" not in line and refused[0] in line and "refusal" in line and "fix:" in line
+    default = imgfab("ci", "github", cwd=REPO)
+    assert default.returncode == 0, default.stderr
+    workflow = yaml.safe_load(default.stdout)
+    built = {e["recipe"] for job in workflow["jobs"].values()
+             for e in job["strategy"]["matrix"]["include"]}
+    assert built and not built & set(refused), built
+    for path in refused:
+        assert f"# Left out: {path} (its lock records a refusal" in default.stdout
+        assert f"left out {path}" in default.stderr
+    only_refused = imgfab("ci", "github", *refused, cwd=REPO)
+    assert only_refused.returncode == 2 and only_refused.stdout == ""
 
 
 def test_workflow_validates_against_schemastore(workflow):
@@ -217,8 +277,8 @@ def test_release_promotes_the_digest_and_signs_keylessly(workflow):
         assert "--key" not in script  # keyless: Fulcio + Rekor, the job's OIDC identity
 
 
-def test_every_action_is_pinned_by_a_commit(workflow):
-    text = imgfab("ci", "github", cwd=REPO).stdout
+def test_every_action_is_pinned_by_a_commit(workflow, checkout):
+    text = imgfab("ci", "github", cwd=checkout).stdout
     pinned = re.findall(r"uses: ([\w.-]+/[\w.-]+)@(\S+)(.*)", text)
     assert len(pinned) >= 6
     for action, ref, comment in pinned:
@@ -228,8 +288,8 @@ def test_every_action_is_pinned_by_a_commit(workflow):
     assert len(uses) == len(pinned)
 
 
-def test_workflow_engine_recipes_go_to_the_gpu_runner():
-    result = imgfab("ci", "github", "--gpu-runner", "gpu-h100", cwd=REPO)
+def test_workflow_engine_recipes_go_to_the_gpu_runner(checkout):
+    result = imgfab("ci", "github", "--gpu-runner", "gpu-h100", cwd=checkout)
     assert result.returncode == 0, result.stderr
     workflow = yaml.safe_load(result.stdout)
     for name in ("build-engines", "candidate-engines"):
@@ -256,9 +316,9 @@ def _actionlint(tmp_path, text: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("runner", [None, "gpu-h100"])
-def test_workflow_passes_actionlint(tmp_path, runner):
+def test_workflow_passes_actionlint(tmp_path, runner, checkout):
     args = ["ci", "github"] + (["--gpu-runner", runner] if runner else [])
-    text = imgfab(*args, cwd=REPO).stdout
+    text = imgfab(*args, cwd=checkout).stdout
     problems = _actionlint(tmp_path, text)
     # A self-hosted label is unknown to actionlint without a config file: that finding, for
     # exactly the label we were given, is expected; anything else is a real problem.

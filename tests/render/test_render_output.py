@@ -33,6 +33,7 @@ def test_render_refuses_a_directory_that_is_not_a_render(tmp_path):
     user_dir.mkdir()
     recipe = user_dir / "recipe.yaml"
     shutil.copy(RECIPE, recipe)
+    shutil.copy(RECIPE.with_suffix(".lock"), user_dir / "qwen2-7b-h100.lock")  # render needs it
     result = _imgfab("render", str(recipe), "-o", str(user_dir), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "--force" in result.stderr

@@ -411,7 +411,7 @@ def docker_info() -> dict[str, Any]:
         return _client().info()
     except DockerException as exc:
         raise EngineError(f"Docker engine not reachable: {_one_line(exc)}", field="engine",
-                          fix="start dockerd or set DOCKER_HOST (scripts/local-stack.sh up)") from None
+                          fix="start the Docker engine (systemctl start docker) or set DOCKER_HOST") from None
 
 
 def compile_caps() -> tuple[bool, bool]:

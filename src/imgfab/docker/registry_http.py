@@ -325,7 +325,7 @@ def _unreachable(host: str, exc: BaseException) -> RegistryError:
     else:
         why = exc.__class__.__name__
     return RegistryError(f"cannot reach registry {host}: {why}",
-                         fix="is it running? (scripts/local-stack.sh up)")
+                         fix="check that the registry is running and HOST[:PORT] is right")
 
 
 def _client_for(ref: ImageRef, credentials: Credentials | None) -> _Client:

@@ -132,7 +132,7 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
     # --- docker & NVIDIA runtime -------------------------------------------------------
     if view.docker_error or view.docker_info is None:
         add(Finding("docker", "error", f"Docker engine not reachable: {view.docker_error or 'not checked'}",
-                    "start dockerd (or set DOCKER_HOST); for the local stack: scripts/local-stack.sh up"))
+                    "start the Docker engine (systemctl start docker), or point DOCKER_HOST at a running one"))
     else:
         info = view.docker_info
         add(Finding("docker", "ok", f"Docker {info.get('ServerVersion', '?')} reachable"))

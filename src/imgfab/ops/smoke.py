@@ -259,6 +259,8 @@ def run_smoke(base_url: str, *, model: str | None = None,
         if why:
             report.failures.append(why)
             return report
+        if api_key and not _key_enforced(session, report, request_timeout_s):
+            return report
         if not _list_models(session, report, model, headers, request_timeout_s):
             return report
         sampler = gpu_sampler or GpuMemorySampler()
@@ -270,6 +272,21 @@ def run_smoke(base_url: str, *, model: str | None = None,
             report.notes.append(sampler.error)
     report.passed = not report.failures
     return report
+
+
+def _key_enforced(session: requests.Session, report: SmokeReport, timeout_s: float) -> bool:
+    """A server started with an API key refuses ``/v1/models`` without it (401 or 403)."""
+    url = f"{report.base_url}/v1/models"
+    try:
+        status = session.get(url, timeout=timeout_s).status_code
+    except requests.RequestException as exc:
+        report.failures.append(f"api key: GET {url} without the key failed: {' '.join(str(exc).split())}")
+        return False
+    if status not in (401, 403):
+        report.failures.append(f"api key: GET {url} without the key answered HTTP {status}, "
+                               "not 401: the endpoint serves anyone")
+        return False
+    return True
 
 
 def _list_models(session: requests.Session, report: SmokeReport, model: str | None,
@@ -375,6 +392,7 @@ class RunSettings:
     devices: tuple[str, ...] = ()  # host devices passed through (GPUs without --gpus)
     network: str | None = None  # "host": no port publishing, the server is reached on its port
     extra_body: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None  # sent as Authorization: Bearer; its absence must be refused
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -417,7 +435,7 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
         report = run_smoke(report.base_url, model=settings.model,
                            health_timeout_s=settings.health_timeout_s,
                            poll_interval_s=settings.poll_interval_s,
-                           completions=settings.completions,
+                           completions=settings.completions, api_key=settings.api_key,
                            alive=lambda: engine.container_running(container),
                            extra_body=settings.extra_body)
         report.shape, report.noexec = mounts.shape, mounts.noexec

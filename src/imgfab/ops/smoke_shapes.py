@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -99,20 +100,42 @@ def image_uid(config_user: str) -> int:
     return int(head)
 
 
+def api_key_file() -> tuple[str, Path]:
+    """A fresh random API key and a file holding it, in a directory of its own (remove it with
+    :func:`remove_directory` of the parent). The file is world-readable: the image's user, not
+    this one, reads it through the bind mount."""
+    key = secrets.token_urlsafe(32)
+    directory = Path(tempfile.mkdtemp(prefix="imgfab-smoke-key-"))
+    directory.chmod(0o755)
+    path = directory / "api-key"
+    path.write_text(key, encoding="utf-8")
+    path.chmod(0o644)
+    return key, path
+
+
 def smoke_shapes(image: str, settings: RunSettings, names: list[str] | tuple[str, ...], *,
                  uid: int, cache_volume: str | None = None, engine: Any = None,
-                 weights: str = "", synthetic_note: str = "") -> ShapesReport:
+                 weights: str = "", synthetic_note: str = "", api_key: bool = False) -> ShapesReport:
     """Smoke-test ``image`` in each shape of ``names`` (:data:`imgfab.render.shapes.SHAPES`), in that
     order. ``cache_volume``: the JIT cache volume run.sh and compose share (None: a fresh one,
-    removed afterwards)."""
+    removed afterwards). ``api_key`` (a vLLM image): each shape gets a fresh key file where the
+    run artifacts mount it, the client sends it, and a server that answers without it fails."""
     engine = engine or importlib.import_module("imgfab.docker.engine")
     report = ShapesReport(image=image, weights=synthetic_note or weights, synthetic=bool(synthetic_note))
     volume = cache_volume or f"imgfab-smoke-{uuid.uuid4().hex[:8]}-cache"
+    key_dir = None
+    if api_key:
+        key, key_path = api_key_file()
+        key_dir = key_path.parent
+        settings = replace(settings, api_key=key,
+                           mounts=(*settings.mounts, (str(key_path), shapes.API_KEY_FILE, True)))
     try:
         for name in names:
             shape = shapes.shape(name, uid=uid, cache=volume)
             report.shapes.append(smoke_image(image, replace(settings, shape=shape), engine))
     finally:
+        if key_dir is not None:
+            remove_directory(key_dir)
         if cache_volume is None:
             try:
                 engine.remove_volume(volume)
@@ -139,7 +162,7 @@ def build_smoke(image: str, recipe: Any, options: Any) -> dict[str, Any]:
                                     recipe.model.mount_path, True),),
                            container_port=recipe.serve.port, completions=True)
     report = smoke_shapes(image, settings, SHAPES, uid=recipe.image.uid,
-                          weights=str(options.weights))
+                          weights=str(options.weights), api_key=recipe.backend.name == "vllm")
     return {"passed": report.passed,
             "failures": [f"{r.shape}: {f}" for r in report.shapes for f in r.failures],
             "shapes": {r.shape: {"passed": r.passed, "healthy_after_s": r.healthy_after_s,
@@ -186,7 +209,8 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
             container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
             completions=True, extra_body=dict(SYNTHETIC_BODY) if directory is not None else {})
         return smoke_shapes(image, settings, shapes, uid=uid, cache_volume=cache_volume,
-                            engine=engine, weights=str(weights), synthetic_note=note)
+                            engine=engine, weights=str(weights), synthetic_note=note,
+                            api_key=labels.get("org.imgfab.backend") == "vllm")
     finally:
         if directory is not None:
             remove_directory(directory)

@@ -259,10 +259,27 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
     }
 
 
+def served_name(recipe: Recipe) -> str:
+    """The model name vLLM's /v1/models answers with: ``serve.served_model_name``, else the
+    model id, which is what OpenAI clients send as ``model`` (vLLM's own default is the path it
+    serves, here the mount path). trtllm-serve names it after its directory instead
+    (:func:`imgfab.render.trtllm.served_model_name`)."""
+    return recipe.serve.served_model_name or recipe.model.id
+
+
+def _api_key_context(recipe: Recipe, stack: Stack) -> dict[str, str] | None:
+    """The API key secret the run artifacts mount (vLLM), or None: trtllm-serve is given no key
+    (imgfab checks no key option of it), so its artifacts publish the port on 127.0.0.1 only."""
+    if stack.backend != "vllm":
+        return None
+    return {"file": shapes.API_KEY_FILE, "name": shapes.API_KEY_FILE.rsplit("/", 1)[1],
+            "k8s_secret": f"{recipe.name}-api-key", "k8s_key": "api-key"}
+
+
 def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
     """Per workload preset, the server argv the entrypoint execs (model path first)."""
     mount = recipe.model.mount_path
-    name = recipe.serve.served_model_name or recipe.name
+    name = served_name(recipe)
     max_len = recipe.serve.max_model_len or recipe.engine.max_seq_len
     commands: dict[str, list[str]] = {}
     for preset, limits in recipe.limits().items():
@@ -379,6 +396,9 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "cache_volume": shapes.cache_volume(recipe.name),
         "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
         "cuda_view": _cuda_view(stack),
+        "api_key": _api_key_context(recipe, stack),
+        "served_name": served_name(recipe) if stack.backend == "vllm"
+        else trtllm.served_model_name(recipe),
     }
     context["k8s"] = _k8s_context(recipe, stack, labels, matrix, plan)
     env = _environment()

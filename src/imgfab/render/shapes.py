@@ -25,6 +25,9 @@ TRITON_CACHE = f"{JIT_CACHE}/triton"
 # Where serving writes code it then loads (dlopen / exec): torch Inductor works under /tmp.
 CODE_PATHS = ("/tmp", HOME, JIT_CACHE)
 SHAPES = ("runsh", "compose", "k8s")
+# Where every shape mounts the API key file (a Docker secret's path, a k8s Secret's subPath);
+# the entrypoint reads it into VLLM_API_KEY.
+API_KEY_FILE = "/run/secrets/imgfab-api-key"
 
 
 def cache_volume(recipe_name: str) -> str:

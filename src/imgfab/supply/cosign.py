@@ -78,8 +78,8 @@ def cosign_binary() -> str:
     found = os.environ.get("IMGFAB_COSIGN") or shutil.which("cosign")
     if not found or not os.access(found, os.X_OK):
         raise EngineError("cosign is not installed here", field="cosign",
-                          fix="scripts/local-stack.sh up installs Debian's cosign 2.5 under "
-                              ".stack/ (IMGFAB_COSIGN); or put cosign on PATH")
+                          fix="install cosign 2.5 (https://github.com/sigstore/cosign/releases) and "
+                              "put it on PATH, or name it in IMGFAB_COSIGN")
     return found
 
 

@@ -45,8 +45,8 @@ def oras_binary() -> str:
     found = os.environ.get("IMGFAB_ORAS") or shutil.which("oras")
     if not found or not os.access(found, os.X_OK):
         raise EngineError("oras is not installed here", field="oras",
-                          fix="scripts/local-stack.sh up installs Debian's oras 1.2 under .stack/ "
-                              "(IMGFAB_ORAS); or put oras on PATH")
+                          fix="install oras 1.2 (Debian: apt-get install oras) and put it on PATH, "
+                              "or name it in IMGFAB_ORAS")
     return found
 
 

@@ -40,6 +40,20 @@ if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
     esac
 fi
 
+# The API key clients send (Authorization: Bearer KEY), from the secret file run.sh,
+# compose.yaml and k8s.yaml mount: vLLM takes VLLM_API_KEY when no --api-key is given and then
+# refuses /v1 requests without it; /health stays open for the probes
+# (vllm-project/vllm:vllm/entrypoints/openai/api_server.py, build_app).
+api_key_file="${IMGFAB_API_KEY_FILE:-/run/secrets/imgfab-api-key}"
+if [ -e "$api_key_file" ]; then
+    VLLM_API_KEY="$(cat -- "$api_key_file")"
+    if [ -z "$VLLM_API_KEY" ]; then
+        echo "imgfab: the API key file $api_key_file is empty, which would serve without a key; write the key into it" >&2
+        exit 2
+    fi
+    export VLLM_API_KEY
+fi
+
 if [ "$#" -gt 0 ]; then
     exec -- "$@"
 fi

@@ -2,6 +2,8 @@
 # Rendered by imgfab 0.1.0: run qwen2-7b-l40s-awq-engine with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
+#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1: trtllm-serve is
+#        given no API key, so put an authenticating proxy in front before publishing it wider)
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
@@ -31,7 +33,7 @@ args=(
     --gpus count=1
     --shm-size 16g
     --ulimit memlock=-1 --ulimit stack=67108864
-    --publish "${HOST_PORT:-8000}:8000"
+    --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"
     # What serving compiles on its first start (Triton launchers) is kept in a named

@@ -1,0 +1,57 @@
+"""Planted bugs for issue 23 (a tool people like to use): each turns off one guard of the
+honest exit codes or the safe serving defaults."""
+
+EXITS = ("tests/test_cli_exits.py",)
+CI = ("tests/render/test_bake_ci.py",)
+
+PLANTS = [
+    dict(name="ux: render writes an unlocked context without --unlocked", path="cli.py",
+         old="    if lock is None and not unlocked:\n", new="    if False:\n", first=EXITS),
+    dict(name="ux: lock --check passes a recorded refusal", path="cli.py",
+         old="            if result.lock is not None and result.lock.refused and not allow_refused:",
+         new="            if False:", first=EXITS),
+    dict(name="ux: lock --check --allow-refused still fails refusals", path="cli.py",
+         old="            if result.lock is not None and result.lock.refused and not allow_refused:",
+         new="            if result.lock is not None and result.lock.refused:", first=EXITS),
+    dict(name="ux: ci github builds recipes whose lock records a refusal", path="render/ci.py",
+         old="        if not result.problem and result.lock is not None and result.lock.refused:",
+         new="        if False:", first=CI),
+    dict(name="ux: ci github leaves out named recipes silently", path="render/ci.py",
+         old="    if refused and (recipes or len(refused) == len(rows)):",
+         new="    if refused and len(refused) == len(rows):", first=CI),
+    dict(name="ux: ci github header does not name what it left out", path="render/ci.py",
+         old="               for path in sorted(left_out)]\n", new="               for path in ()]\n",
+         first=CI),
+]
+
+SERVING = ("tests/render/test_artifacts.py",)
+SMOKE = ("tests/ops/test_smoke.py",)
+PLANTS += [
+    dict(name="ux: vLLM artifacts mount no API key", path="render/context.py",
+         old='    if stack.backend != "vllm":\n        return None\n    return {"file"',
+         new='    if True:\n        return None\n    return {"file"', first=SERVING),
+    dict(name="ux: entrypoint serves with an empty API key file", path="_data/templates/entrypoint.sh.j2",
+         old='    if [ -z "$VLLM_API_KEY" ]; then', new='    if false; then', first=SERVING),
+    dict(name="ux: run.sh starts with an empty API key file", path="_data/templates/run.sh.j2",
+         old='if [ ! -s "$API_KEY_FILE" ]; then', new='if [ ! -e /nonexistent-never ] && false; then',
+         first=SERVING),
+    dict(name="ux: compose has no restart policy", path="_data/templates/compose.yaml.j2",
+         old='    restart: "unless-stopped"\n', new='', first=SERVING),
+    dict(name="ux: k8s has no PodDisruptionBudget", path="_data/templates/k8s.yaml.j2",
+         old='kind: "PodDisruptionBudget"', new='kind: "PodDisruptionBudgetX"', first=SERVING),
+    dict(name="ux: trtllm ports published on every address", path="_data/templates/run.sh.j2",
+         old='    --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-{{ port }}}:{{ port }}"',
+         new='    --publish "${HOST_PORT:-{{ port }}}:{{ port }}"', first=SERVING),
+    dict(name="ux: smoke does not check the key is enforced", path="ops/smoke.py",
+         old="        if api_key and not _key_enforced(session, report, request_timeout_s):",
+         new="        if False:", first=SMOKE),
+    dict(name="ux: smoke mounts no key file", path="ops/smoke_shapes.py",
+         old="                           mounts=(*settings.mounts, (str(key_path), shapes.API_KEY_FILE, True)))",
+         new="                           mounts=settings.mounts)", first=SMOKE),
+    dict(name="ux: smoke leaves the key file behind", path="ops/smoke_shapes.py",
+         old="        if key_dir is not None:\n            remove_directory(key_dir)\n", new="", first=SMOKE),
+    dict(name="ux: vLLM serves the recipe name by default", path="render/context.py",
+         old="    return recipe.serve.served_model_name or recipe.model.id",
+         new="    return recipe.serve.served_model_name or recipe.name",
+         first=("tests/test_serving_defaults.py",)),
+]
