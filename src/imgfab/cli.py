@@ -542,7 +542,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             if result.problem:
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
                 continue
-            if result.lock is not None and result.lock.refused and not allow_refused:
+            if result.refused and not allow_refused:
                 refused.append(result.recipe)
             compared = ""
             if online and result.lock is not None and result.lock.packages:

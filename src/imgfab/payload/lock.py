@@ -391,6 +391,12 @@ class CheckResult:
     note: str = ""  # refused / unhashed names, for a fresh lock
     lock: Lock | None = None  # the fresh lock, bound to the request it was checked against
 
+    @property
+    def refused(self) -> str:
+        """The refusal a fresh lock records: that recipe cannot build ("" when it records none,
+        and for a missing or stale lock, which is a ``problem`` instead)."""
+        return self.lock.refused if not self.problem and self.lock is not None else ""
+
 
 def check_lock(recipe_path: str, compat_dir: Path | None = None) -> CheckResult:
     """Offline: parse the committed lock strictly, compare its fingerprint with the recipe,

@@ -241,8 +241,8 @@ def lock_refusals(rows: list[dict[str, str]]) -> dict[str, str]:
     refused = {}
     for row in rows:
         result = check_lock(row["recipe"])
-        if not result.problem and result.lock is not None and result.lock.refused:
-            refused[row["recipe"]] = result.lock.refused
+        if result.refused:
+            refused[row["recipe"]] = result.refused
     return refused
 
 
