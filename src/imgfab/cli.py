@@ -269,7 +269,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     if as_json:
         click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,
                                "candidates": [{"tag": c.image.tag, "reference": c.image.reference,
-                                               "fits": c.fits, "reason": c.reason()} for c in candidates]},
+                                               "fits": c.fits, "reason": c.reason(),
+                                               "pull_requires": c.pull_requires} for c in candidates]},
                               indent=2))
     elif explain:
         if host.seen:
@@ -277,7 +278,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                        f"read from {host.seen}")
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
-            click.echo(f"{mark} {candidate.tag}: {candidate.reason()}")
+            pull = f" (pull needs {candidate.pull_requires})" if candidate.pull_requires else ""
+            click.echo(f"{mark} {candidate.tag}: {candidate.reason()}{pull}")
     if best is None:
         nearest = ", ".join(c.tag for c in candidates[:3]) or "none"
         error = CompatibilityError(
@@ -287,6 +289,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
         error.exit_code = 1
         raise error
     if not as_json:
+        if best.pull_note():  # stdout stays the reference alone, for scripts
+            click.echo(f"note: {best.pull_note()}", err=True)
         click.echo(best.image.reference)
 
 
@@ -396,7 +400,7 @@ def doctor(image: str | None, as_json: bool) -> None:
         labels = registry.image_labels(image, credentials)
     from imgfab.matrix.compat import load_matrix
 
-    findings = checks.diagnose(checks.live_view(engine.docker_info), image_labels=labels,
+    findings = checks.diagnose(checks.live_view(engine.docker_info, engine.buildx_version), image_labels=labels,
                                matrix=load_matrix())
     if as_json:
         click.echo(checks.to_json(findings))
@@ -435,6 +439,10 @@ def doctor(image: str | None, as_json: bool) -> None:
 @click.option("--engine-out", type=click.Path(file_okay=False),
               help="TensorRT engine path, two-phase: directory for the compiled checkpoint (holds weights).")
 @click.option("--no-cache", is_flag=True, help="Run every build step again (cache mounts are kept).")
+@click.option("--compression", type=click.Choice(["gzip", "zstd"]), default=None,
+              help="Layer compression as built and pushed [default: the recipe's image.compression, "
+                   "zstd]; zstd needs Docker >= 23.0 or containerd >= 1.5 on the pulling host and "
+                   "the containerd image store on the builder.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Install this lock instead of the recipe's committed recipes/<name>.lock (one recipe).")
 @click.option("--retag", is_flag=True,
@@ -448,8 +456,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
-          no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool, lock_file: str | None,
-          retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
+          no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool,
+          compression: str | None, lock_file: str | None, retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     if lock_file and len(recipes) != 1:
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
@@ -474,7 +482,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            compile="at-start" if engine_at_start else "auto",
                            engine_out=Path(engine_out) if engine_out else None,
                            lock=Path(lock_file) if lock_file else None, no_cache=no_cache,
-                           retag=retag, sign_key=Path(sign_key) if sign_key and push else None,
+                           compression=compression, retag=retag, sign_key=Path(sign_key) if sign_key and push else None,
                            publish_hook=_publish() if push else None)
     results = []
     for path in recipes:

@@ -301,6 +301,11 @@ class ImageSpec(_Strict):
     shm_size: str = Field("16g", description="Shared memory for the container, e.g. 16g")
     os: Literal["ubuntu22.04", "ubuntu24.04"] | None = Field(
         None, description="Base OS; default: the newest the stack's Python allows")
+    compression: Literal["gzip", "zstd"] = Field(
+        "zstd", description="Layer compression as built and pushed (imgfab build --compression "
+                            "overrides it). zstd pulls and unpacks faster but needs Docker >= 23.0 "
+                            "or containerd >= 1.5 on every pulling host (the image's "
+                            "org.imgfab.pull.requires label says so; `imgfab doctor` checks a host)")
 
     @field_validator("uid", mode="before")
     @classmethod

@@ -10,7 +10,13 @@ fake wheels for its pins, the real uv wheel). Then:
   lock's hashes pin, so it cannot change what is installed;
 - a second recipe locking the same packages (llama31-8b-l4: another GPU, model and serving
   settings) gets the very same payload layers, so a registry stores them once;
-- the runtime has one payload layer per ``# layer`` group of the lock, in that order.
+- the runtime has one payload layer per ``# layer`` group of the lock, in that order;
+- issue 19: a third build of the first recipe, from a cold cache (``docker builder prune -af``
+  and ``--no-cache``), is the very same image: the same image ID, which on the containerd image
+  store is the manifest's digest, so every compressed layer and the config are byte-identical
+  and a CI rebuild after no change pushes nothing. Its layers are zstd with OCI media types, as
+  the real ``docker save`` (OCI layout) of the engine shows, and verify's fail-closed scan reads
+  every one of them from that save.
 
     source .stack/env && python -m pytest -m integration tests/integration/test_payload_layers.py
 """
@@ -77,6 +83,11 @@ def payload_layers(built: dict, groups: list[str]) -> dict[str, str]:
     return dict(zip(groups, layers[first:first + len(groups)]))
 
 
+def _rootfs(ref: str) -> list[str]:
+    return json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True,
+                                     text=True, check=True).stdout)[0]["RootFS"]["Layers"]
+
+
 def _history(ref: str) -> str:
     return subprocess.run([DOCKER, "history", "--no-trunc", "--format", "{{.CreatedBy}}", ref],
                           capture_output=True, text=True, check=True).stdout
@@ -93,6 +104,7 @@ def builds(tmp_path_factory):
         first = _build(_recipe_copy(VLLM, root, "imgfab-test/layers-a"), url, lock, root / "ctx-a",
                        "--no-cache")
         refs += first["tags"]
+        first_layers = _rootfs(first["tags"][0])
         again_dir = root / "again"
         again_dir.mkdir()
         second = _build(_recipe_copy(VLLM, again_dir, "imgfab-test/layers-b"), url, lock,
@@ -100,8 +112,12 @@ def builds(tmp_path_factory):
         refs += second["tags"]
         other = _build(_recipe_copy(SAME_STACK, root, "imgfab-test/layers-c"), url, lock, root / "ctx-c")
         refs += other["tags"]
+        # Cold: no build cache at all (the uv and apt cache mounts go too), every step again.
+        subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True, check=True)
+        cold = _build(root / VLLM.name, url, lock, root / "ctx-cold", "--no-cache")
         yield {"lock": Lock.parse(lock.read_text()), "first": first, "second": second,
-               "other": other}
+               "other": other, "cold": cold, "first_layers": first_layers,
+               "cold_layers": _rootfs(cold["tags"][0])}
     for ref in refs:
         subprocess.run([DOCKER, "image", "rm", "-f", ref], capture_output=True)
 
@@ -153,3 +169,51 @@ def test_cubins_for_other_gpus_are_cut_and_the_arch_label_follows(builds):
                                        check=True).stdout)[0]["Config"]["Labels"]
     archs = labels["org.imgfab.archs"].split(",")
     assert "9.0" in archs and "10.0" not in archs, archs
+
+
+def test_a_cold_rebuild_is_the_same_image(builds):
+    """Every layer (the OS layer, the payload, the probe, the entrypoint, image.json) and the
+    config: the same bytes from a cold cache."""
+    first, cold = builds["first_layers"], builds["cold_layers"]
+    differing = [i for i, (a, b) in enumerate(zip(first, cold)) if a != b]
+    assert len(first) == len(cold) and not differing, \
+        f"layers {differing} of {len(first)} differ between two cold builds"
+    assert builds["cold"]["cached_steps"] <= 1
+    assert builds["first"]["image_id"] == builds["cold"]["image_id"], "the config differs"
+
+
+def test_the_real_oci_save_is_zstd_and_verify_reads_every_layer(builds, tmp_path):
+    """The engine's own ``docker save`` (the containerd store writes the OCI layout): index.json,
+    oci-layout, blobs/sha256; each layer a zstd blob with an OCI media type; and verify's
+    single-pass scan of that stream (issue 12, unchanged) reads every layer the manifest lists,
+    hashing each to the diff id inspect reports, and finds nothing to fail."""
+    import tarfile
+
+    from imgfab.docker import engine
+    from imgfab.docker.layers import _scan_layers
+    from imgfab.docker.verify import VerifyPolicy, layer_findings
+
+    ref = builds["first"]["tags"][0]
+    saved = engine.save_image(ref, tmp_path / "image.tar")
+    with tarfile.open(saved) as archive:
+        names = set(archive.getnames())
+        assert {"oci-layout", "index.json", "manifest.json"} <= names, sorted(names)[:8]
+        index = json.load(archive.extractfile("index.json"))
+        manifest_digest = index["manifests"][0]["digest"]
+        manifest = json.load(archive.extractfile(f"blobs/sha256/{manifest_digest[7:]}"))
+    assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    media = {layer["mediaType"] for layer in manifest["layers"]}
+    assert media == {"application/vnd.oci.image.layer.v1.tar+zstd"}, media
+    labels = json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True,
+                                       text=True, check=True).stdout)[0]["Config"]["Labels"]
+    assert labels["org.imgfab.layers.compression"] == "zstd"
+    assert labels["org.imgfab.pull.requires"] == "docker>=23.0|containerd>=1.5"
+
+    policy = VerifyPolicy(mount_path="/models/qwen2-7b", required_labels={}, secrets={})
+    with open(saved, "rb") as stream:
+        scan = _scan_layers(iter(lambda: stream.read(1 << 20), b""), policy)
+    assert scan.unscanned == [], scan.unscanned
+    assert scan.diff_ids == _rootfs(ref)
+    findings = {f.check: f for f in layer_findings(scan, policy)}
+    for check in ("layers", "weights", "secrets"):  # tools: the build's own policy judged them
+        assert findings[check].passed, f"{check}: {findings[check].detail}"

@@ -113,7 +113,7 @@ def test_dockerfile_essentials(matrix):
         payload = dockerfile.index(" /opt/imgfab/layers/venv/ /")
         assert payload < dockerfile.index("LABEL")
         assert payload > dockerfile.index("RUN", dockerfile.index("AS runtime")), "OS layer first"
-        assert "COPY image.json" in dockerfile[payload:]
+        assert "COPY --link --from=files /stage/identity/ /" in dockerfile[payload:]
         # Weights are never copied in: only mounted.
         assert recipe.model.mount_path not in dockerfile.split("VOLUME")[0].replace(
             f'mkdir -p "{recipe.model.mount_path}"', "").replace(f'chown {recipe.image.uid}:{recipe.image.uid} "{recipe.model.mount_path}"', "")
@@ -156,11 +156,22 @@ def test_escaping_filter_rejects_newlines():
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_image_json_is_the_last_layer(path, matrix):
-    """image.json changes with every identity change (its labels carry the tag), and a rebuilt
-    COPY stamps /opt/imgfab with the build's clock: anything after it would be a new layer too
-    (tests/integration/test_build.py::test_pin_digests_pins_both_bases measures it)."""
+    """image.json changes with every identity change (its labels carry the tag): it is the
+    smallest layer, last, and every runtime layer is a COPY --link or a RUN that stamps what it
+    wrote with the epoch (tests/integration/test_payload_layers.py measures two cold builds)."""
     dockerfile = _render(path, matrix)["Dockerfile"]
     runtime = dockerfile[dockerfile.rindex("\nFROM "):]
     layers = [line for line in runtime.splitlines()
               if line.split(" ", 1)[0] in ("COPY", "ADD", "RUN")]
-    assert layers[-1] == "COPY image.json /opt/imgfab/image.json", layers[-3:]
+    assert layers[-1] == "COPY --link --from=files /stage/identity/ /", layers[-3:]
+    files_stage = dockerfile[dockerfile.index("AS files"):dockerfile.rindex("\nFROM ")]
+    assert "COPY image.json /stage/identity/opt/imgfab/image.json" in files_stage
+    for line in layers:
+        if line.startswith("COPY"):
+            assert line.startswith("COPY --link "), f"{line}: its layer would depend on the one below"
+    runs = runtime.split("\nRUN ")[1:]
+    assert runs and all("t0=$(date +%s)" in run.split("\n\n")[0]
+                        and 'find / -xdev' in run.split("\n\n")[0] for run in runs), \
+        "every runtime RUN stamps what it wrote with the epoch"
+    assert "rm -rf /var/log/apt/* /var/log/dpkg.log" in runs[0], "apt's logs hold the build's clock"
+    assert "SOURCE_DATE_EPOCH=0 useradd" in runs[0], "the shadow entry's last-change day is the clock's"

@@ -184,6 +184,10 @@ class RecordingEngine:
 
     def build(self, context_dir, **kwargs):
         self.calls.append(("build", context_dir, kwargs))
+        return type("Built", (), {"hold_ref": "imgfab-unverified/build:recorded"})()
+
+    def remove_image(self, ref):
+        self.removed = [*getattr(self, "removed", []), ref]
 
     def run_container(self, image, **kwargs):
         self.calls.append(("run_container", image, kwargs))
@@ -225,6 +229,7 @@ def test_two_phase_runs_builder_with_gpus_and_readonly_mounts(tmp_path, matrix):
                               calibration_file=prompts, out_dir=tmp_path / "out", poll_s=0)
     kind, ctx, kwargs = engine.calls[0]
     assert kind == "build" and ctx == context and kwargs["target"] == "builder"
+    assert engine.removed == ["imgfab-unverified/build:recorded"], "the build's private name goes"
     kind, image, kwargs = engine.calls[1]
     assert kind == "run_container" and image == result.builder_image == kwargs_image(engine)
     assert kwargs["gpus"] == 1

@@ -24,12 +24,14 @@ Errors are the typed ones of :mod:`imgfab.errors`: bad options are :class:`Recip
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import hmac
 import os
 import re
 import secrets as random_secrets
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -72,6 +74,7 @@ class BuildOptions:
     engine_out: Path | None = None  # two-phase: where the checkpoint (with weights) goes
     lock: Path | None = None  # the payload lock (default: the recipe's committed, fresh lock)
     no_cache: bool = False  # build every step again (BuildKit cache mounts are kept)
+    compression: str | None = None  # gzip | zstd; None: the recipe's image.compression
     retag: bool = False  # --push may move a tag that already names another image
     sign_key: Path | None = None  # --push: sign the digest and attach SBOM + provenance
     # After a push: (BuiltImage, BuildRecord) → report dict: imgfab.supply.publish.publish,
@@ -326,6 +329,10 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     recipe = load_recipe(recipe_path)
     if options.registry is None and recipe.image.registry:  # --registry / IMGFAB_REGISTRY win
         options = replace(options, registry=recipe.image.registry)
+    if options.compression is not None:  # --compression wins; the labels say what was built
+        recipe = recipe.model_copy(update={"image": recipe.image.model_copy(
+            update={"compression": options.compression})})
+    compression = recipe.image.compression
     _check_options(options)
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
@@ -336,6 +343,10 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     build_args = base_image_args(stack, options)
     bases = dict(build_args)
     source = source_of(recipe_path)
+    # SOURCE_DATE_EPOCH: the image config's and history's times are the source's (the commit's,
+    # or CI's SOURCE_DATE_EPOCH); every layer's files are stamped with the epoch itself (0) by
+    # the Dockerfile, so a layer depends only on what is in it.
+    epoch = calendar.timegm(time.strptime(source.created, "%Y-%m-%dT%H:%M:%SZ")) if source.created else 0
 
     def rerender(image_ref: str | None = None) -> dict[str, str]:
         return render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase",
@@ -366,25 +377,33 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                 _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
             # No tag yet: what is judged is the ID this build wrote, and only it gets the names.
             result = engine.build(context, tags=[], build_args=build_args, secrets=secrets,
-                                  network=options.network, on_line=on_line, no_cache=options.no_cache)
+                                  network=options.network, on_line=on_line, no_cache=options.no_cache,
+                                  compression=compression, epoch=epoch)
             policy = policy_for(recipe, stack, matrix, secrets)
             secret_names = list(secrets)
         policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
         image_id = result.image_id
+        # The build's private name keeps the image until it has its real names (the containerd
+        # image store keeps no image without a name); it goes whatever happens below.
         try:
-            report = verify_image(image_id, policy)
-        except ValidationFailed:
-            _reject(image_id, tags)
-            raise
-        # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
-        # a disagreement rejects the image like verify does, and the measured values become labels.
-        from imgfab.payload import measure as payload  # noqa: PLC0415
-        try:
-            measured = payload.check_image(image_id, stack.to_dict(), matrix, engine=engine)
-        except ValidationFailed:
-            _reject(image_id, tags)
-            raise
-        relabelled = engine.add_labels(image_id, measured.labels, tags)
+            try:
+                report = verify_image(image_id, policy)
+            except ValidationFailed:
+                _reject(image_id, tags, result.hold_ref)
+                raise
+            # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the
+            # matrix; a disagreement rejects the image like verify does, and the measured values
+            # become labels.
+            from imgfab.payload import measure as payload  # noqa: PLC0415
+            try:
+                measured = payload.check_image(image_id, stack.to_dict(), matrix, engine=engine)
+            except ValidationFailed:
+                _reject(image_id, tags, result.hold_ref)
+                raise
+            relabelled = engine.add_labels(image_id, measured.labels, tags, compression=compression,
+                                           epoch=epoch)
+        finally:
+            _drop(result.hold_ref)
         hold.verified()
     report.notes.extend(measured.notes)
     size = int(engine.inspect_image(local_ref).get("Size") or 0)
@@ -425,11 +444,24 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     return built
 
 
-def _reject(image_id: str, tags: list[str]) -> None:
-    """A rejected image keeps no name that could be pushed or run: each of ``tags`` that names
-    it is removed (a tag another build holds stays), then the image; best effort."""
+def _drop(hold_ref: str) -> None:
+    """Remove the build's private name; best effort."""
     from imgfab.errors import EngineError  # noqa: PLC0415
 
+    if hold_ref:
+        try:
+            engine.remove_image(hold_ref)
+        except EngineError:
+            pass
+
+
+def _reject(image_id: str, tags: list[str], hold_ref: str = "") -> None:
+    """A rejected image keeps no name that could be pushed or run: each of ``tags`` that names
+    it is removed (a tag another build holds stays), its private name, then the image; best
+    effort."""
+    from imgfab.errors import EngineError  # noqa: PLC0415
+
+    _drop(hold_ref)
     for ref in tags:
         try:
             if engine.inspect_image(ref).get("Id") == image_id:

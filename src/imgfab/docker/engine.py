@@ -30,8 +30,10 @@ from imgfab.docker.containers import (_client, _one_line, container_logs, contai
                                       run_python)
 
 # The engine's whole surface: images and builds here, containers in imgfab.docker.containers.
-__all__ = ["add_labels", "build", "child_env", "compile_caps", "container_logs", "container_running",
-           "docker_cli", "docker_info", "exec_in", "image_history", "inspect_image", "push_image",
+__all__ = ["COMPRESSIONS", "MIN_ENGINE", "EngineFacts", "add_labels", "build", "buildx_version",
+           "check_engine", "child_env",
+           "compile_caps", "container_logs", "container_running", "docker_cli", "docker_info",
+           "engine_facts", "exec_in", "image_history", "inspect_image", "push_image",
            "remove_container", "remove_image", "remove_volume", "run_container", "run_python",
            "save_image", "save_stream", "tag"]
 
@@ -132,10 +134,15 @@ class BuildStep:
 
 @dataclass
 class BuildResult:
-    """``image_id`` (``sha256:…``), wall time, every step (in first-seen order) and the log."""
+    """``image_id`` (``sha256:…``), wall time, every step (in first-seen order) and the log.
+
+    ``hold_ref`` is the private name the build gave the image (``imgfab-unverified/…``): on the
+    containerd image store an image without a name is not kept, so the caller removes it only
+    once the image has its real names (or is rejected)."""
 
     image_id: str
     duration_s: float
+    hold_ref: str = ""
     steps: list[BuildStep] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
@@ -184,6 +191,92 @@ class BuildLogParser:
         return next((s for s in self.steps.values() if s.error), None)
 
 
+# The oldest engine imgfab builds on: Docker 23.0 (API 1.42) ships BuildKit 0.11, whose built-in
+# Dockerfile frontend has COPY --link, and which takes SOURCE_DATE_EPOCH for the image config and
+# history. Docker 20.10 (BuildKit 0.8) has neither, and reached end of life in 2023.
+MIN_ENGINE = "23.0"
+# Layer compression of the image as built and pushed. zstd layers are pulled only by Docker >= 23
+# or containerd >= 1.5, and the engine keeps them as built only with the containerd image store
+# (the classic store keeps layers uncompressed and pushes gzip).
+COMPRESSIONS = ("gzip", "zstd")
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine is (``docker info``): its version, its image store and storage."""
+
+    version: str  # ServerVersion, e.g. "26.1.5+dfsg1"
+    containerd_store: bool  # DriverStatus driver-type io.containerd.snapshotter.v1
+    storage: str  # overlayfs / native (containerd store) or overlay2 / vfs (classic)
+
+    @property
+    def release(self) -> tuple[int, ...]:
+        """The version's leading numbers, ``(26, 1, 5)``; ``()`` when it has none."""
+        match = re.match(r"(\d+(?:\.\d+)*)", self.version)
+        return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+    def too_old(self) -> bool:
+        minimum = tuple(int(part) for part in MIN_ENGINE.split("."))
+        return bool(self.release) and self.release < minimum
+
+
+def engine_facts(info: dict[str, Any] | None = None) -> EngineFacts:
+    """The engine's :class:`EngineFacts`, from ``docker info`` (``info`` when given)."""
+    info = docker_info() if info is None else info
+    status = {str(pair[0]): str(pair[1]) for pair in (info.get("DriverStatus") or [])
+              if isinstance(pair, (list, tuple)) and len(pair) == 2}
+    return EngineFacts(version=str(info.get("ServerVersion") or ""),
+                       containerd_store=status.get("driver-type") == "io.containerd.snapshotter.v1",
+                       storage=str(info.get("Driver") or ""))
+
+
+def check_engine(compression: str, facts: EngineFacts | None = None) -> EngineFacts:
+    """The engine's facts, when it can build an image with ``compression``; else EngineError
+    with one line naming the minimum."""
+    facts = engine_facts() if facts is None else facts
+    if facts.too_old():
+        raise EngineError(f"Docker Engine {facts.version} is older than {MIN_ENGINE}, the oldest imgfab "
+                          "builds on (BuildKit 0.11: COPY --link, SOURCE_DATE_EPOCH)", field="engine",
+                          fix=f"upgrade the engine to Docker {MIN_ENGINE} or newer")
+    if compression == "zstd" and not facts.containerd_store:
+        raise EngineError(f"zstd layers need the containerd image store; this engine ({facts.version}) "
+                          f"uses the classic store ({facts.storage}), which pushes gzip",
+                          field="--compression",
+                          fix='set {"features": {"containerd-snapshotter": true}} in daemon.json, '
+                              "or build with --compression gzip")
+    return facts
+
+
+def build_output_args(compression: str, epoch: int) -> list[str]:
+    """The flags that make a build's image the same bytes from every cold cache: BuildKit's own
+    provenance and SBOM attestations off (imgfab attests its own, signed, on the digest; buildx's
+    would make the image an index with an ``unknown/unknown`` entry), ``SOURCE_DATE_EPOCH`` for
+    the config's and history's times, and the layers compressed as asked, base layers included
+    (``force-compression``), with OCI media types."""
+    if compression not in COMPRESSIONS:
+        raise EngineError(f"unknown compression {compression!r}", field="--compression",
+                          fix=f"use one of {', '.join(COMPRESSIONS)}")
+    return ["--provenance=false", "--sbom=false", "--build-arg", f"SOURCE_DATE_EPOCH={int(epoch)}",
+            "--output", f"type=image,compression={compression},force-compression=true,"
+                        "oci-mediatypes=true"]
+
+
+def buildx_version() -> str | None:
+    """``docker buildx version`` of the CLI builds go through (``IMGFAB_DOCKER_CLI`` or
+    ``docker``), e.g. ``github.com/docker/buildx 0.13.1+ds1 0.13.1+ds1-3``; None when there
+    is no CLI or no buildx plugin."""
+    cli = os.environ.get("IMGFAB_DOCKER_CLI") or shutil.which("docker")
+    if not cli:
+        return None
+    try:
+        done = subprocess.run([cli, "buildx", "version"], env=_build_env(), capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+    return line if done.returncode == 0 and "buildx" in line else None
+
+
 def docker_cli() -> str:
     """The docker CLI that runs BuildKit builds: ``IMGFAB_DOCKER_CLI`` or ``docker`` on PATH.
 
@@ -226,16 +319,21 @@ def _build_env() -> dict[str, str]:
 def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
           build_args: dict[str, str] | None = None, secrets: dict[str, Path] | None = None,
           network: str | None = None, target: str | None = None,
-          on_line: Callable[[str], None] | None = None, no_cache: bool = False) -> BuildResult:
+          on_line: Callable[[str], None] | None = None, no_cache: bool = False,
+          compression: str = "gzip", epoch: int = 0) -> BuildResult:
     """``docker build --progress=plain`` of ``context_dir``, streaming each log line to
     ``on_line``. ``secrets``: BuildKit secret id → file (mounted only in the steps that ask,
-    never in a layer). Returns a :class:`BuildResult`; raises :class:`EngineError` naming the
-    failing step and the gist of its last log lines.
+    never in a layer). ``compression`` and ``epoch``: :func:`build_output_args`. Returns a
+    :class:`BuildResult`; raises :class:`EngineError` naming the failing step and the gist of
+    its last log lines.
     """
     cli = docker_cli()
+    check_engine(compression)
+    # The image's ID is read back by this private name: BuildKit's --iidfile holds the config
+    # digest, which is not the image ID on the containerd store (there it is the manifest's).
+    hold = f"imgfab-unverified/build:{token_hex(8)}"
     with tempfile.TemporaryDirectory(prefix="imgfab-build-") as scratch:
-        iidfile = Path(scratch) / "iid"
-        argv = [cli, "build", "--progress=plain", "--iidfile", str(iidfile)]
+        argv = [cli, "build", "--progress=plain", *build_output_args(compression, epoch)]
         for key, value in sorted((build_args or {}).items()):
             argv += ["--build-arg", f"{key}={value}"]
         for secret_id, path in sorted((secrets or {}).items()):
@@ -249,7 +347,7 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
             argv += ["--target", target]
         if no_cache:
             argv.append("--no-cache")
-        for tag_ref in tags:
+        for tag_ref in (hold, *tags):
             argv += ["--tag", tag_ref]
         argv.append(str(context_dir))
         parser = BuildLogParser()
@@ -280,11 +378,11 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
         if code != 0:
             raise EngineError(_build_failure(parser, list(log), code), field="engine",
                               fix="see the step's log above (--debug keeps the traceback)")
-        image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+    image_id = str(inspect_image(hold).get("Id") or "")
     if not image_id:
-        raise EngineError("docker build succeeded but wrote no image id", field="engine",
-                          fix="check the docker CLI supports --iidfile")
-    return BuildResult(image_id=image_id, duration_s=duration,
+        raise EngineError("docker build succeeded but its image has no ID", field="engine",
+                          fix=f"docker image inspect {hold}")
+    return BuildResult(image_id=image_id, duration_s=duration, hold_ref=hold,
                        steps=sorted(parser.steps.values(), key=lambda s: s.vertex),
                        log=list(log))
 
@@ -426,12 +524,14 @@ def compile_caps() -> tuple[bool, bool]:
     return False, gpu_visible
 
 
-def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, ...]) -> str:
+def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, ...], *,
+               compression: str = "gzip", epoch: int = 0) -> str:
     """A child of ``image`` that differs only in ``labels`` (no layer), tagged ``tags``.
 
-    Built from a two-line Dockerfile on stdin; returns the new image id. Raises EngineError.
-    ``image`` may be an image ID (``sha256:…``): BuildKit resolves ``FROM`` by name only, so
-    the ID gets a private, random name for this build, removed afterwards.
+    Built from a two-line Dockerfile on stdin with ``image``'s own :func:`build_output_args`;
+    returns the new image id. Raises EngineError. ``image`` may be an image ID
+    (``sha256:…``): BuildKit resolves ``FROM`` by name only, so the ID gets a private, random
+    name for this build, removed afterwards.
     """
     source = image
     if image.startswith("sha256:"):
@@ -440,7 +540,9 @@ def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, 
     lines = [f"FROM {source}"]
     if labels:
         lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
-    command = [docker_cli(), "build", "--quiet", *(arg for t in tags for arg in ("--tag", t)), "-"]
+    named = list(tags) or [f"imgfab-unverified/labelled:{token_hex(8)}"]
+    command = [docker_cli(), "build", "--quiet", *build_output_args(compression, epoch),
+               *(arg for t in named for arg in ("--tag", t)), "-"]
     try:
         done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True,
                               text=True, env=_build_env(), timeout=300, check=False)
@@ -453,4 +555,6 @@ def add_labels(image: str, labels: dict[str, str], tags: list[str] | tuple[str, 
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise EngineError(f"labelling {image} failed: {tail}", field="engine", fix="see the message")
-    return done.stdout.strip()
+    # --quiet prints the config digest; the image ID (the manifest's, on the containerd store)
+    # is what the name now points at.
+    return str(inspect_image(named[0]).get("Id") or "")

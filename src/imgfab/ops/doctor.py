@@ -15,6 +15,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from imgfab.docker.engine import MIN_ENGINE, engine_facts
 from imgfab.errors import RecipeError
 from imgfab.in_image.facts import HostFacts, load_nvml
 from imgfab.matrix.compat import Matrix
@@ -49,6 +50,7 @@ class HostView:
     free_disk_bytes: int | None = None
     docker_info: dict[str, Any] | None = None
     docker_error: str | None = None
+    buildx: str | None = None  # `docker buildx version`'s line; None: no plugin (or not checked)
     tools: dict[str, str | None] = field(default_factory=dict)  # name → path or None
 
 
@@ -60,8 +62,10 @@ def _read(path: str) -> str | None:
         return None
 
 
-def live_view(docker_info: Callable[[], dict[str, Any]] | None = None) -> HostView:
-    """Read this machine. ``docker_info`` is injected by the CLI (engine.py talks to Docker)."""
+def live_view(docker_info: Callable[[], dict[str, Any]] | None = None,
+              buildx_version: Callable[[], str | None] | None = None) -> HostView:
+    """Read this machine. ``docker_info`` and ``buildx_version`` are injected by the CLI
+    (engine.py talks to Docker)."""
     nvml = load_nvml()
     host = read_this_host(nvml)  # NVML, else nvidia-smi
     ceiling = None
@@ -94,6 +98,7 @@ def live_view(docker_info: Callable[[], dict[str, Any]] | None = None) -> HostVi
         host=host, cuda_ceiling=ceiling, shm_bytes=shm_bytes,
         memlock_soft=-1 if soft == resource.RLIM_INFINITY else soft,
         free_disk_bytes=shutil.disk_usage(disk_path).free, docker_info=info, docker_error=error,
+        buildx=buildx_version() if buildx_version is not None and info is not None else None,
         tools={name: shutil.which(name) for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-runtime")})
 
 
@@ -136,6 +141,7 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
     else:
         info = view.docker_info
         add(Finding("docker", "ok", f"Docker {info.get('ServerVersion', '?')} reachable"))
+        findings.extend(engine_findings(info, view.buildx))
         runtimes = set((info.get("Runtimes") or {}).keys())
         daemon = _json(view.files.get("/etc/docker/daemon.json"))
         cdi = info.get("CDISpecDirs") or []
@@ -174,8 +180,58 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
 
     # --- an image on this host -----------------------------------------------------------
     if image_labels is not None:
+        findings.extend(pull_findings(image_labels, view.docker_info))
         findings.extend(image_findings(image_labels, view.host))
     return findings
+
+
+def engine_findings(info: dict[str, Any], buildx: str | None) -> list[Finding]:
+    """The engine's version, its image store and buildx, and what each missing feature costs."""
+    facts = engine_facts(info)
+    version, minimum = facts.version or "?", MIN_ENGINE
+    found = []
+    if facts.too_old():
+        found.append(Finding("engine", "error", f"Docker Engine {version} is older than {minimum}: imgfab "
+                             "cannot build here (no COPY --link, no SOURCE_DATE_EPOCH in BuildKit), and it "
+                             "cannot pull images with zstd layers (org.imgfab.pull.requires)",
+                             f"upgrade to Docker Engine {minimum} or newer"))
+    else:
+        found.append(Finding("engine", "ok", f"Docker Engine {version} (>= {minimum}: builds, and pulls zstd layers)"))
+    storage = facts.storage or "?"
+    if facts.containerd_store:
+        found.append(Finding("image-store", "ok", f"containerd image store (snapshotter {storage}): images "
+                             "keep their zstd layers and OCI media types as built, docker save writes the OCI layout"))
+    else:
+        found.append(Finding("image-store", "info", f"classic image store (storage driver {storage}): "
+                             "this engine pulls and runs zstd images, but builds here store layers "
+                             "uncompressed and push gzip only (imgfab build --compression gzip)",
+                             'for zstd builds set {"features": {"containerd-snapshotter": true}} in '
+                             "daemon.json and restart dockerd"))
+    if buildx:
+        found.append(Finding("buildx", "ok", f"{buildx} (docker build goes through BuildKit)"))
+    else:
+        found.append(Finding("buildx", "warn", "no docker buildx plugin: a CLI >= 23 refuses BuildKit "
+                             "builds without it, so imgfab build fails here (pulling and running images is unaffected)",
+                             "install the buildx plugin (docker-buildx-plugin, or Debian's docker-buildx)"))
+    return found
+
+
+def pull_findings(labels: dict[str, str], info: dict[str, Any] | None) -> list[Finding]:
+    """Can this engine pull the image's layers (org.imgfab.pull.requires)?"""
+    needs = labels.get("org.imgfab.pull.requires", "")
+    if not needs:
+        return []
+    compression = labels.get("org.imgfab.layers.compression", "zstd")
+    if info is None:
+        return [Finding("image-pull", "info", f"the image's {compression} layers need {needs}; "
+                        "the engine was not reachable to check")]
+    facts = engine_facts(info)
+    version = facts.version or "?"
+    if facts.too_old():
+        return [Finding("image-pull", "error", f"the image's {compression} layers need {needs}; "
+                        f"this engine is Docker {version}", f"upgrade to Docker Engine {MIN_ENGINE} or newer, "
+                        "or pull a gzip build of the recipe (imgfab build --compression gzip)")]
+    return [Finding("image-pull", "ok", f"the image's {compression} layers ({needs}) pull on Docker {version}")]
 
 
 def matrix_findings(host: HostFacts, matrix: Matrix) -> list[Finding]:

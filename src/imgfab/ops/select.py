@@ -121,6 +121,22 @@ class Candidate:
         return _printable("; ".join(failed), REASON_MAX) if failed else "fits"
 
     @property
+    def pull_requires(self) -> str:
+        """What the pulling host needs for the image's layers (org.imgfab.pull.requires, e.g.
+        ``docker>=23.0|containerd>=1.5`` for zstd); '' when any engine pulls them."""
+        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
+        return _printable(str(labels.get(f"{P}.pull.requires", "")), 80)
+
+    def pull_note(self) -> str:
+        """One line on what pulling the image needs ('' when nothing)."""
+        if not self.pull_requires:
+            return ""
+        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
+        compression = _printable(str(labels.get(f"{P}.layers.compression", "")), 16) or "its"
+        needs = " or ".join(self.pull_requires.split("|"))
+        return f"{self.tag}: {compression} layers: the pulling host needs {needs}"
+
+    @property
     def tag(self) -> str:
         """The image's tag as printed: the registry chose it, so it is made printable."""
         return _printable(self.image.tag, 130)

@@ -194,6 +194,22 @@ class Source:
     created: str = ""
 
 
+# The end of a RUN whose layer must be the same bytes in every cold build (it starts with
+# t0=$(date +%s)): every file it wrote or changed is stamped with the epoch, as imgfab-stage
+# stamps the payload. Mount points are left alone (the run-time /etc files, cache and secret
+# mounts, the kernel's file systems).
+LAYER_STAMP = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets "
+               "-o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf "
+               "-o -path /var/cache/apt -o -path /var/lib/apt/lists \\) -prune "
+               "-o -newermt \"@$t0\" -exec touch --no-dereference --date=@0 {} +")
+# What apt, dpkg and ldconfig leave that records the clock of the build, not its content.
+LAYER_FORGET = ("rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log "
+                "/var/cache/ldconfig/aux-cache /var/lib/dpkg/*-old /var/cache/debconf/*-old")
+
+# The pulling host a layer compression needs ('' for gzip: every engine pulls it).
+PULL_REQUIRES = {"gzip": "", "zstd": "docker>=23.0|containerd>=1.5"}
+
+
 def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: str,
                  source: Source | None = None, tag: str = "",
                  bases: dict[str, str] | None = None) -> dict[str, str]:
@@ -251,6 +267,9 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.tp": str(stack.tensor_parallel),
         f"{p}.pp": str(stack.pipeline_parallel),
         f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
+        # What a host needs to pull the layers (imgfab select and doctor read it).
+        f"{p}.layers.compression": recipe.image.compression,
+        f"{p}.pull.requires": PULL_REQUIRES[recipe.image.compression],
         f"{p}.serve.port": str(recipe.serve.port),
         # What serving compiles on its first start, and where it keeps it (compat/backends.yaml).
         f"{p}.jit": ",".join(sorted(set(stack.jit))),
@@ -372,6 +391,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "labels": labels,
         "builder_packages": sorted(profile.builder_packages),
         "runtime_packages": runtime_packages,
+        "layer_stamp": LAYER_STAMP,
+        "layer_forget": LAYER_FORGET,
         "runtime_toolchain": sorted(stack.runtime_toolchain),
         "requirements": requirement_pins(stack),
         "payload": _payload(stack, lock),

@@ -333,8 +333,10 @@ def two_phase(context_dir: Path, recipe: Recipe, stack: Stack, *, engine: Any, w
                           "holds the weights)", field="--out", fix="choose a directory elsewhere")
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = builder_tag or f"imgfab-builder/{recipe.name}:{plan.cache_key[:12]}"
-    engine.build(context_dir, tags=[tag], build_args=dict(build_args or {}),
-                 secrets=dict(secrets or {}), network=network, target="builder", on_line=on_line)
+    built = engine.build(context_dir, tags=[tag], build_args=dict(build_args or {}),
+                         secrets=dict(secrets or {}), network=network, target="builder",
+                         on_line=on_line)
+    engine.remove_image(built.hold_ref)  # `tag` names it
     mounts = [(str(weights_dir.resolve()), recipe.model.mount_path, True),
               (str(out_dir.resolve()), COMPILE_OUT, False)]
     if recipe.engine.calibration is not None:
