@@ -243,10 +243,9 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
                      "end-of-life tags six months after end of life; mirror it)")
     for name in precisions_to_check(recipe):
         weight_rule = matrix.precision_rule(release.backend, name, release.version)
-        native = weight_rule.native_min_compute_capability if weight_rule else None
-        if native and compare_versions(gpu.compute_capability, native) < 0:
-            notes.append(f"{name} on {gpu.sm.replace('sm', 'sm_')} runs weight-only ({weight_rule.fallback}); "
-                         f"native {name.upper() if name == 'nvfp4' else name} needs compute capability ≥ {native}")
+        if weight_rule is not None and weight_rule.fallback and not weight_rule.native_on(gpu.compute_capability):
+            notes.append(f"{name} on {gpu.sm.replace('sm', 'sm_')} runs {weight_rule.fallback}; native "
+                         f"{name.upper() if name == 'nvfp4' else name} {weight_rule.native_text()}")
     if engine:
         notes.append(f"TensorRT engine is compiled for sm_{gpu.sm[2:]} only and runs on no other GPU")
     runtime = floors.get("runtime", "")
