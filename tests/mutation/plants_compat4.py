@@ -2,6 +2,7 @@
 turns off one guard or puts back one wrong fact of compat/precisions.yaml."""
 
 Q = ("tests/stack/test_quant_floors.py",)
+A = ("tests/stack/test_advisories.py",)
 P = "_data/compat/precisions.yaml"
 
 PLANTS = [
@@ -37,4 +38,23 @@ PLANTS = [
     dict(name="compat4: native_compute_capabilities not loaded", path="matrix/compat.py",
          old='native_compute_capabilities=(None if row.get("native_compute_capabilities") is None',
          new='native_compute_capabilities=(None if True', first=Q),
+    dict(name="compat4: the auto_map advisory's range starts after 0.10.1.1", path="_data/compat/advisories.yaml",
+         old='affected: ">=0.10.1,<0.14.0"', new='affected: ">=0.10.2,<0.14.0"', first=A),
+    dict(name="compat4: resolve leaves advisories out", path="stack/resolve.py",
+         old="            if advisories:\n                stack = _with_advisories(",
+         new="            if False:\n                stack = _with_advisories(", first=A),
+    dict(name="compat4: advisory fix tries no other driver policy", path="stack/advisories.py",
+         old="    others = [p for p in (MINOR_COMPAT, FORWARD_COMPAT, STRICT) if p != policy]",
+         new="    others = []", first=A),
+    dict(name="compat4: advisory fix tries no wider version pin", path="stack/advisories.py",
+         old='        yield f"dropping backend.version {recipe.backend.version!r}", unpinned, None\n',
+         new="", first=A),
+    dict(name="compat4: an advisory's fixed release accepted inside its range", path="matrix/advisories.py",
+         old="        if advisory.affects(advisory.package, advisory.fixed) or fixed.is_prerelease:",
+         new="        if fixed.is_prerelease:", first=A),
+    dict(name="compat4: select names no advisory", path="ops/select.py",
+         old="        for advisory in matrix.advisories_for(package, version):",
+         new="        for advisory in []:", first=A),
+    dict(name="compat4: select offers an affected image as the way out", path="ops/select.py",
+         old="and not inside(c, advisory, package)),", new="),", first=A),
 ]

@@ -207,6 +207,11 @@ class Matrix:
     architectures: dict[str, Architecture] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
+    advisories: list[Any] = field(default_factory=list)  # imgfab.matrix.advisories.Advisory
+
+    def advisories_for(self, package: str, version: str) -> list[Any]:
+        """The advisories whose affected range holds ``package`` ``version``, in file order."""
+        return [a for a in self.advisories if a.affects(package, version)]
 
     def gpu(self, name: str) -> Gpu | None:
         """Find a GPU by canonical name or alias, case-insensitively."""
@@ -474,6 +479,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     releases=[], profiles=profiles, runtimes=runtimes,
                     driver_branches=driver_branches, architectures=architectures,
                     unconfirmed=unconfirmed)
+    from imgfab.matrix.advisories import load_advisories  # noqa: PLC0415 - it builds on this module
+
+    matrix.advisories = load_advisories(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
 
