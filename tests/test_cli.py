@@ -54,7 +54,8 @@ def test_bases_lists_upstream_refs():
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"engine": {"quantization": "fp8"}, "target": {"gpu": "A100-80GB"}}, "engine.quantization"),
+    ({"engine": {"quantization": "fp8", "dtype": "float16"},
+      "target": {"gpu": "V100", "driver": ">=580.65.06"}}, "engine.quantization"),
     ({"colour": "red"}, "colour"),
     ({"target": {"gpu": "GTX-9999"}}, "target.gpu"),
     ({"target": {"driver": ">=418.39"}}, "target.driver"),

@@ -232,7 +232,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     """Print the digest reference of the newest published image that fits a host."""
     from imgfab.docker import registry
     from imgfab.errors import CompatibilityError, RegistryError
-    from imgfab.ops.select import Published, choose, choose_verified, what_host_needs
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.ops.select import Published, advisory_lines, choose, choose_verified, what_host_needs
 
     trust = None
     if verify_key or certificate_identity or certificate_oidc_issuer:
@@ -266,8 +267,10 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
             return verify(image.reference, trust, credentials).problems
 
         best, candidates = choose_verified(images, host, problems, model=model, backend=backend)
+    advisories = advisory_lines(load_matrix(), best, candidates) if best else []
     if as_json:
         click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,
+                               "advisories": advisories,
                                "candidates": [{"tag": c.image.tag, "reference": c.image.reference,
                                                "fits": c.fits, "reason": c.reason(),
                                                "pull_requires": c.pull_requires} for c in candidates]},
@@ -289,8 +292,10 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
         error.exit_code = 1
         raise error
     if not as_json:
-        if best.pull_note():  # stdout stays the reference alone, for scripts
+        if best.pull_note():  # stderr: stdout stays the one reference scripts read
             click.echo(f"note: {best.pull_note()}", err=True)
+        for line in advisories:
+            click.echo(f"advisory: {line}", err=True)
         click.echo(best.image.reference)
 
 

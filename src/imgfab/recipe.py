@@ -92,6 +92,7 @@ class Quantization(str, Enum):
     FP8 = "fp8"
     INT8_SQ = "int8_sq"
     INT4_AWQ = "int4_awq"
+    GPTQ = "gptq"  # a GPTQ checkpoint (W4A16/W8A16): vLLM reads the method from its config
     NVFP4 = "nvfp4"
 
 

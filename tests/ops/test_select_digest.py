@@ -191,7 +191,8 @@ def test_a_verdict_quoting_a_huge_label_is_one_bounded_printable_line(good):
     host = HostGpu(driver="999.1.1", gpu="A100-SXM4-80GB", compute_capability="8.0")
     label = "\x1b[2J" + ",".join(f"sm_{i}" for i in range(20_000))
     candidate = evaluate(Published("r/x", "t", "sha256:" + "0" * 64,
-                                   {**good, "org.imgfab.precision": label}), host)
+                                   {**good, "org.imgfab.precision": label,
+                                    "org.imgfab.precision.min_cc": "8.9"}), host)
     reason = candidate.reason()
     assert not candidate.fits and len(reason) <= 501 and "\x1b" not in reason
 

@@ -44,7 +44,9 @@ def published(matrix) -> list[Published]:
 @pytest.mark.parametrize("driver, gpu, cc, backend, expected", [
     ("999.1.1", "H100-SXM", "9.0", "vllm", "a-strict-new"),     # newest strict image fits a new driver
     ("535.104.05", "H100-SXM", "9.0", "vllm", "b-compat-cu12"),  # old driver: the minor-compat image
-    ("999.1.1", "A100-80GB", "8.0", "vllm", "c-l4-bf16"),        # fp8 images refused on 8.0; bf16 one fits
+    # vLLM serves fp8 on 8.0 weight-only (FP8 Marlin from 7.5, compat/precisions.yaml): the fp8 image fits
+    ("999.1.1", "A100-80GB", "8.0", "vllm", "a-strict-new"),
+    ("999.1.1", "V100", "7.0", "vllm", None),                    # fp8 and bf16 images refused on 7.0
     ("999.1.1", "L40S", "8.9", "tensorrt-llm", "e-engine-sm89"),  # exact engine arch
     ("999.1.1", "H100-SXM", "9.0", "tensorrt-llm", "d-engine-sm90"),
     ("999.1.1", "A100-80GB", "8.0", "tensorrt-llm", None),       # no engine built for sm_80

@@ -57,13 +57,16 @@ def test_version_pin_is_honoured(matrix):
     assert stack.backend_version == older
 
 
-def test_fp8_on_a100_names_the_field_and_capability(matrix):
-    data = _recipe(**{"target__gpu": "A100-80GB", "target__driver": ">=999.0"})
+def test_fp8_on_v100_names_the_field_and_capability(matrix):
+    """vLLM's Fp8Config.get_min_capability() is 75 from 0.14.0 (8.9 is where native FP8 starts):
+    a V100 (7.0) is refused at 7.5, an A100 is served weight-only (tests/stack/test_quant_floors.py)."""
+    data = _recipe(**{"target__gpu": "V100", "target__driver": ">=580.65.06", "engine__dtype": "float16",
+                      "engine__kv_cache_dtype": "auto", "target__driver_policy": "strict"})
     with pytest.raises(CompatibilityError) as info:
         resolve(parse_recipe(data), matrix)
     line = info.value.one_line()
     assert line.startswith("engine.quantization:"), line
-    assert "fp8 needs compute capability ≥ 8.9" in line and "8.0" in line
+    assert "fp8 needs compute capability ≥ 7.5" in line and "7.0" in line
     assert info.value.exit_code == 2
     assert all(reason for _, reason in info.value.rejections)
 

@@ -156,10 +156,10 @@ class FatbinScanner:
     Feed chunks with :meth:`feed`; it finds the first fat binary by its magic (the section header
     table sits at the end of the file, so a stream cannot look it up), then reads fat binary
     after fat binary (one at a time is buffered: a few MB per compilation unit), and is ``done``
-    once ``max_blobs`` were read or the run of fat binaries ends (``archs.complete`` then True).
+    once ``max_blobs`` (None: no bound) were read or the run of fat binaries ends (``archs.complete`` then True).
     """
 
-    def __init__(self, max_blobs: int):
+    def __init__(self, max_blobs: int | None = None):  # None: until the run of fat binaries ends
         self.max_blobs = max_blobs
         self.archs = Archs(complete=False)
         self.done = False
@@ -194,7 +194,7 @@ class FatbinScanner:
                 (self.archs.sass if kind == KIND_ELF else self.archs.ptx).add(capability(arch))
             del buf[:end]
             self.archs.blobs += 1
-            if self.archs.blobs >= self.max_blobs:
+            if self.max_blobs is not None and self.archs.blobs >= self.max_blobs:
                 self.done = True
 
 

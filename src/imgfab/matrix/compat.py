@@ -118,8 +118,28 @@ class PrecisionRule(Sourced):
     supported: bool
     note: str
     backend_versions: str = ""  # PEP 440 specifier of backend releases the rule covers ("" = all)
-    native_min_compute_capability: str | None = None  # below it (≥ min) the precision is weight-only
-    fallback: str = ""  # what runs below native, e.g. "Marlin W4A16"
+    native_min_compute_capability: str | None = None  # below it (≥ min) the precision is not native
+    fallback: str = ""  # what runs where it is not native, e.g. "weight-only (Marlin W4A16)"
+    # where native is not a range: the capabilities that run it natively (() = nowhere); None: unset
+    native_compute_capabilities: tuple[str, ...] | None = None
+
+    def native_on(self, compute_capability: str) -> bool:
+        """Whether ``compute_capability`` runs the precision natively (no ``fallback``)."""
+        from imgfab.in_image.rules import compare_versions  # noqa: PLC0415
+
+        if self.native_compute_capabilities is not None:
+            return any(compare_versions(compute_capability, c) == 0
+                       for c in self.native_compute_capabilities)
+        native = self.native_min_compute_capability
+        return not native or compare_versions(compute_capability, native) >= 0
+
+    def native_text(self) -> str:
+        """Where native compute is, for a message: "needs compute capability ≥ 8.9",
+        "needs compute capability 9.0 or 10.0", "is on no GPU in this release"."""
+        if self.native_compute_capabilities is not None:
+            return ("needs compute capability " + " or ".join(self.native_compute_capabilities)
+                    if self.native_compute_capabilities else "is on no GPU in this release")
+        return f"needs compute capability ≥ {self.native_min_compute_capability}"
 
 
 @dataclass(frozen=True)
@@ -187,6 +207,11 @@ class Matrix:
     architectures: dict[str, Architecture] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
+    advisories: list[Any] = field(default_factory=list)  # imgfab.matrix.advisories.Advisory
+
+    def advisories_for(self, package: str, version: str) -> list[Any]:
+        """The advisories whose affected range holds ``package`` ``version``, in file order."""
+        return [a for a in self.advisories if a.affects(package, version)]
 
     def gpu(self, name: str) -> Gpu | None:
         """Find a GPU by canonical name or alias, case-insensitively."""
@@ -396,6 +421,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                       backend_versions=str(row.get("backend_versions") or ""),
                       native_min_compute_capability=_opt(row.get("native_min_compute_capability")),
                       fallback=str(row.get("fallback") or ""),
+                      native_compute_capabilities=(None if row.get("native_compute_capabilities") is None
+                                                   else _tuple(row.get("native_compute_capabilities"))),
                       **_sourced(row))
         for row in _records(_read(directory, "precisions.yaml"), "precisions", "precisions.yaml")
     ]
@@ -452,6 +479,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     releases=[], profiles=profiles, runtimes=runtimes,
                     driver_branches=driver_branches, architectures=architectures,
                     unconfirmed=unconfirmed)
+    from imgfab.matrix.advisories import load_advisories  # noqa: PLC0415 - it builds on this module
+
+    matrix.advisories = load_advisories(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
 
@@ -504,7 +534,8 @@ _FIELD_PATTERNS: dict[str, str] = {
     "payload_requirements": r"[a-z0-9][a-z0-9._-]{0,63}(\[[a-z0-9][a-z0-9,._-]{0,127}\])?",
     "python": rf"({_SPECIFIER})?", "torch": rf"({_SPECIFIER})?", "tensorrt": rf"({_SPECIFIER})?",
     "compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
-    "compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}", "last_driver_branch": r"([0-9]{3,4})?",
+    "compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}",
+    "native_compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}", "last_driver_branch": r"([0-9]{3,4})?",
     "cuda_archs": r"[0-9]{1,2}\.[0-9]{1,2}[af]?", "python_versions": r"[0-9]\.[0-9]{1,2}",
     "wheel_tags": r"[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,80}",
     "base_image": r"([a-z0-9][a-z0-9._/:@-]{0,255})?",

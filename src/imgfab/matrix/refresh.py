@@ -377,7 +377,20 @@ def _with_fatbin(record: dict[str, Any], project: str, version: str, fetch: "_Gu
     else:
         record.update(fatbin_sass=list(found.sass), fatbin_ptx=list(found.ptx),
                       fatbin_source=found.describe())
+    if previous and _measured(previous) == _measured(record):
+        # The same wheel, member, extent and architectures read again (on another day, or
+        # from an empty cache): keep the row's date, so a refresh that changed nothing is no diff.
+        record["fatbin_source"] = previous["fatbin_source"]
     return record
+
+
+_READ_DATE = re.compile(r", read [0-9]{4}-[0-9]{2}-[0-9]{2}$")
+
+
+def _measured(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What a ``fatbin_*`` measurement says, without the date it was read on."""
+    return (list(row.get("fatbin_sass") or []), list(row.get("fatbin_ptx") or []),
+            _READ_DATE.sub("", str(row.get("fatbin_source") or "")))
 
 
 def _admitted(spec: str, releases: dict[str, list[DistFile]]) -> list[str]:

@@ -8,15 +8,16 @@ How the bytes are fetched, bounded:
 
 1. the zip central directory, by HTTP range requests at the end of the wheel (a few hundred KB);
 2. the one member's compressed bytes, streamed by one range request and inflated on the fly;
-   the scan stops after ``max_blobs`` fat binaries or ``max_bytes`` of compressed data, and
-   the connection is closed. ``.nv_fatbin`` follows ``.text``: in torch 2.10.0's
-   ``libtorch_cuda.so`` (681 MB compressed) the first fat binary is ~16 MB in and 64 are
-   ~123 MB in, so a wheel costs at most ``MAX_COMPRESSED_BYTES`` (~100 MB) once, then the cache.
+   every fat binary is read (no count bound: torch 2.11-2.14's ``libtorch_cuda.so`` carries
+   sm_89, sm_103 and sm_121 code only past the 64th), and the scan stops where the run of fat
+   binaries ends or after ``MAX_COMPRESSED_BYTES`` (1.5 GiB) of compressed data, whichever is
+   first; the connection is then closed. ``.nv_fatbin`` follows ``.text``: torch 2.10.0's
+   ``libtorch_cuda.so`` is 681 MB compressed, so one torch wheel costs at most its member once,
+   then the cache. A read the byte bound cut short says so in its ``fatbin_source``.
 
-A library's kernels are compiled with one architecture list (``TORCH_CUDA_ARCH_LIST``), so the
-first fat binaries stand for the library; the record says how many were read. Results are
-cached as JSON under ``cache_dir`` keyed by wheel file name and member (git-ignored
-``.cache/``), so a refresh re-reads nothing it has read before.
+Results are cached as JSON under ``cache_dir`` keyed by wheel file name and the scan's
+:data:`SCAN_VERSION` (git-ignored ``.cache/``), so a refresh re-reads nothing it has read
+before, and a read made under older bounds (the first 64 fat binaries) is not reused.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from imgfab.errors import NetworkError
 from imgfab.in_image.fatbin import FatbinScanner, sorted_archs
 
 TIMEOUT_S = 60
-MAX_BLOBS = 64
-MAX_COMPRESSED_BYTES = 96 * 1024 * 1024
+MAX_BLOBS: int | None = None  # every fat binary; a count bound is for tests only
+MAX_COMPRESSED_BYTES = 1536 * 1024 * 1024
+SCAN_VERSION = 2  # 1: the first 64 fat binaries or 96 MB compressed
 _CHUNK = 1 << 20
 
 # Members read per project, first one present wins. torch/lib/libtorch_cuda_linalg.so is smaller
@@ -57,10 +59,12 @@ class MemberArchs:
     complete: bool
     url: str = ""
     read_on: str = ""  # ISO date of the read
+    bound: str = ""  # why an incomplete read stopped, e.g. "the 1536 MiB compressed-byte bound"
 
     def describe(self) -> str:
         """Provenance text for a compat row's ``fatbin_source``."""
-        extent = "every fat binary" if self.complete else f"the first {self.blobs} fat binaries"
+        extent = "every fat binary" if self.complete else f"the first {self.blobs} fat binaries" + (
+            f", stopped at {self.bound}" if self.bound else "")
         return f"{self.url or self.wheel} {self.member} .nv_fatbin ({extent}), read {self.read_on}"
 
 
@@ -84,9 +88,10 @@ def _member_data_offset(url: str, info: zipfile.ZipInfo, requests: Any) -> int:
     return info.header_offset + 30 + name_len + extra_len
 
 
-def scan_member(url: str, wheel: str, members: tuple[str, ...], *, max_blobs: int = MAX_BLOBS,
+def scan_member(url: str, wheel: str, members: tuple[str, ...], *, max_blobs: int | None = MAX_BLOBS,
                 max_bytes: int = MAX_COMPRESSED_BYTES) -> MemberArchs | None:
-    """Architectures of the first of ``members`` present in the wheel at ``url``.
+    """Architectures of the first of ``members`` present in the wheel at ``url``: every fat
+    binary (``max_blobs`` None), read from at most ``max_bytes`` of compressed data.
 
     None when the wheel has none of them. Raises NetworkError on a transport failure or a
     member that does not parse.
@@ -122,9 +127,17 @@ def scan_member(url: str, wheel: str, members: tuple[str, ...], *, max_blobs: in
         raise NetworkError(f"could not read the GPU code of {wheel} ({url}): {exc!r}", field="pypi",
                            fix="run `imgfab compat refresh` again") from None
     found = scanner.archs
+    if found.complete:
+        bound = ""
+    elif max_blobs is not None and found.blobs >= max_blobs:
+        bound = f"the {max_blobs}-fat-binary bound"
+    elif read >= max_bytes:
+        bound = f"the {max_bytes // (1024 * 1024)} MiB compressed-byte bound"
+    else:
+        bound = "the end of the member"
     return MemberArchs(wheel=wheel, member=info.filename, sass=tuple(sorted_archs(found.sass)),
                        ptx=tuple(sorted_archs(found.ptx)), blobs=found.blobs, complete=found.complete,
-                       url=url, read_on=datetime.date.today().isoformat())
+                       url=url, read_on=datetime.date.today().isoformat(), bound=bound)
 
 
 class PayloadCache:
@@ -134,7 +147,7 @@ class PayloadCache:
         self.directory = Path(directory)
 
     def archs(self, project: str, url: str, wheel: str) -> MemberArchs | None:
-        path = self.directory / f"{wheel}.archs.json"
+        path = self.directory / f"{wheel}.archs.v{SCAN_VERSION}.json"
         if path.exists():
             data = json.loads(path.read_text(encoding="utf-8"))
             return MemberArchs(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}) \

@@ -234,3 +234,34 @@ def what_host_needs(candidates: list[Candidate], host: HostGpu) -> str:
         return f"an image built for {host.gpu} (compute capability {host.compute_capability})"
     return "an image published for this model/backend"
 
+
+
+def advisory_lines(matrix: Matrix, best: Candidate, candidates: list[Candidate]) -> list[str]:
+    """One line per advisory (compat/advisories.yaml) holding the chosen image's backend or
+    torch release, naming the newest other fitting image outside it, if any.
+
+    E.g. "vllm 0.10.1.1 is inside GHSA-2pc9-4j83-qjmr (...), fixed in 0.14.0; fitting image
+    outside it: vllm0.19.1-cu12.8.2-sm90-fp8-… (vllm 0.19.1)"."""
+    def picked(c: Candidate) -> list[tuple[str, str]]:
+        labels = c.image.labels if isinstance(c.image.labels, dict) else {}
+        found = [(labels.get(f"{P}.backend", ""), labels.get(f"{P}.backend.version", "")),
+                 ("torch", labels.get(f"{P}.torch", ""))]
+        return [(name, version) for name, version in found if name and _version_key(version)]
+
+    def inside(c: Candidate, advisory: Any, package: str) -> bool:
+        return any(name == package and advisory.affects(name, version) for name, version in picked(c))
+
+    lines = []
+    for package, version in picked(best):
+        for advisory in matrix.advisories_for(package, version):
+            other = next((c for c in candidates if c.fits and c is not best
+                          and any(n == package for n, _ in picked(c)) and not inside(c, advisory, package)),
+                         None)
+            where = (f"fitting image outside it: {other.tag} ({package} "
+                     f"{dict(picked(other))[package]})" if other else
+                     "no other image that fits this host is outside it")
+            lines.append(_printable(f"{package} {version} is inside {advisory.label()}: {advisory.summary}; "
+                                    f"affected {advisory.affected}, fixed in {advisory.fixed}; {where}"
+                                    + ("" if advisory.confirmed else " (advisory range unconfirmed)"),
+                                    REASON_MAX))
+    return lines

@@ -204,6 +204,13 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
         if not verdict.ok:
             constraint = precision_constraint(name)
             fix = verdict.fix
+            reason = verdict.reason
+            if rule.fallback and rule.min_compute_capability and \
+                    compare_versions(gpu.compute_capability, rule.min_compute_capability) < 0:
+                # The floor is the fallback's, not native compute's: say both (vLLM runs fp8
+                # below 8.9 weight-only through FP8 Marlin, and refuses it only below that).
+                reason += (f" ({release.backend} {release.version} runs it {rule.fallback} from "
+                           f"{rule.min_compute_capability}; native {rule.native_text()})")
             if name == "bf16" and _passes(matrix, release, "fp16", gpu):
                 # vLLM's own refusal: "You can use float16 instead by explicitly setting the
                 # `dtype` flag" (vllm/platforms/cuda.py check_if_supports_dtype).
@@ -211,7 +218,7 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
                       f"{rule.min_compute_capability})"
             elif name == "kv_fp8":
                 fix = "engine.kv_cache_dtype: auto"
-            failures.append(Rejection(label, constraint, verdict.reason, fix))
+            failures.append(Rejection(label, constraint, reason, fix))
 
     if release.torch and not torch:
         failures.append(Rejection(label, "torch", f"no torch row from {release.torch_index} in "

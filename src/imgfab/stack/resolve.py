@@ -18,7 +18,7 @@ the system CUDA). The ``nvidia/cuda`` base patch of a ``base`` image is not in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, replace
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -33,6 +33,7 @@ from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
 from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _torch_pin, covered_archs,
                                      evaluate, payload_floors, payload_of, precision_of,
                                      precisions_to_check)
+from imgfab.stack.advisories import advisory_notes
 from imgfab.stack.fixes import _field_for, _nearest_fix
 
 # The names other stations and the tests use, wherever they live in this station.
@@ -116,8 +117,12 @@ class Resolution:
     rejections: list[Rejection] = field(default_factory=list)
 
 
-def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolution:
-    """Pick the newest stack that fits; raise CompatibilityError naming every rejected candidate."""
+def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None, *,
+            advisories: bool = True) -> Resolution:
+    """Pick the newest stack that fits; raise CompatibilityError naming every rejected candidate.
+
+    With ``advisories`` the stack's notes name each advisory (compat/advisories.yaml) holding
+    its backend or torch release and the nearest recipe change giving a fixed one."""
     gpu = matrix.gpu(recipe.target.gpu)
     if gpu is None:
         known = ", ".join(g.name for g in matrix.gpus)
@@ -142,6 +147,8 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolut
                                     driver=driver, policy=policy, os_names=os_names)
         if fields is not None:
             stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
+            if advisories:
+                stack = _with_advisories(recipe, matrix, stack, host)
             return Resolution(stack=stack, rejections=rejections)
         rejections.append(failures[0])
         failures_by_release.append((release, failures))
@@ -158,6 +165,17 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolut
         f"{len(rejections)} candidates rejected, {which}: {first.candidate}: {first.reason}",
         field=_field_for(first.constraint), fix=fix,
         rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections])
+
+
+def _with_advisories(recipe: Recipe, matrix: Matrix, stack: Stack, host: Host | None) -> Stack:
+    def resolve_quietly(changed: Recipe, driver: str | None) -> Stack:
+        on = Host(driver=driver, gpu=host.gpu if host else None) if driver else host
+        return resolve(changed, matrix, on, advisories=False).stack
+
+    notes, unconfirmed = advisory_notes(recipe, matrix, stack, resolve_quietly)
+    if not notes:
+        return stack
+    return replace(stack, notes=stack.notes + tuple(notes), unconfirmed=stack.unconfirmed + tuple(unconfirmed))
 
 
 def deciding_rejection(failures_by_release: list[tuple[BackendRelease, list[Rejection]]]
@@ -243,10 +261,9 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
                      "end-of-life tags six months after end of life; mirror it)")
     for name in precisions_to_check(recipe):
         weight_rule = matrix.precision_rule(release.backend, name, release.version)
-        native = weight_rule.native_min_compute_capability if weight_rule else None
-        if native and compare_versions(gpu.compute_capability, native) < 0:
-            notes.append(f"{name} on {gpu.sm.replace('sm', 'sm_')} runs weight-only ({weight_rule.fallback}); "
-                         f"native {name.upper() if name == 'nvfp4' else name} needs compute capability ≥ {native}")
+        if weight_rule is not None and weight_rule.fallback and not weight_rule.native_on(gpu.compute_capability):
+            notes.append(f"{name} on {gpu.sm.replace('sm', 'sm_')} runs {weight_rule.fallback}; native "
+                         f"{name.upper() if name == 'nvfp4' else name} {weight_rule.native_text()}")
     if engine:
         notes.append(f"TensorRT engine is compiled for sm_{gpu.sm[2:]} only and runs on no other GPU")
     runtime = floors.get("runtime", "")

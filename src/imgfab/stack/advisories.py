@@ -1,0 +1,86 @@
+"""Known advisories on a resolved stack: which published advisory (compat/advisories.yaml) holds
+the picked backend or torch release, and the nearest recipe change that gives a fixed one.
+
+:func:`advisory_notes` is pure like the resolver: it re-resolves the recipe with one change at a
+time (drop the version pin, another ``target.driver_policy``, a newer ``target.driver``) through
+the ``resolve_quietly`` callable it is given, and names the first change whose stack is outside
+the advisory. Example note (an H100 fleet on R560 under strict picks vLLM 0.10.1.1):
+
+    vllm 0.10.1.1 is inside GHSA-2pc9-4j83-qjmr (CVE-2026-22807; high 8.8): code execution ...;
+    affected >=0.10.1,<0.14.0, fixed in 0.14.0; target.driver_policy: minor-compat gives vllm 0.19.1
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from imgfab.errors import CompatibilityError
+from imgfab.in_image.rules import FORWARD_COMPAT, MINOR_COMPAT, STRICT
+from imgfab.matrix.compat import Matrix
+from imgfab.recipe import Recipe
+
+# A driver newer than any release needs: "raise the driver" is tried as the last change.
+_ANY_DRIVER = "9999.0"
+
+
+def _variants(recipe: Recipe) -> Iterator[tuple[str, Recipe, str | None]]:
+    """(what changes, the changed recipe, host driver or None), nearest change first. A text
+    with ``{floor}`` is completed with the driver floor of the stack the change resolves to."""
+    policy = recipe.target.driver_policy
+    others = [p for p in (MINOR_COMPAT, FORWARD_COMPAT, STRICT) if p != policy]
+    pinned = recipe.backend.version is not None
+    unpinned = recipe.model_copy(update={"backend": recipe.backend.model_copy(update={"version": None})})
+    if pinned:
+        yield f"dropping backend.version {recipe.backend.version!r}", unpinned, None
+    for base, prefix in ((recipe, ""),) + (((unpinned, "dropping backend.version and "),) if pinned else ()):
+        for other in others:
+            changed = base.model_copy(update={"target": base.target.model_copy(update={"driver_policy": other})})
+            yield f"{prefix}target.driver_policy: {other}", changed, None
+        yield prefix + "target.driver ≥ {floor}", base, _ANY_DRIVER
+
+
+def advisory_notes(recipe: Recipe, matrix: Matrix, stack: Any,
+                   resolve_quietly: Callable[[Recipe, str | None], Any]
+                   ) -> tuple[list[str], list[str]]:
+    """(notes, unconfirmed) for every advisory holding ``stack``'s backend or torch release.
+
+    ``resolve_quietly(recipe, driver)`` returns the stack ``recipe`` resolves to (on a host with
+    ``driver`` when given), without advisory notes, or None when nothing fits."""
+    picked = [(stack.backend, stack.backend_version)] + ([("torch", stack.torch)] if stack.torch else [])
+    hits = [(package, version, advisory) for package, version in picked
+            for advisory in matrix.advisories_for(package, version)]
+    if not hits:
+        return [], []
+    tried: list[tuple[str, Any]] = []
+    variants = _variants(recipe)
+
+    def alternatives() -> Iterator[tuple[str, Any]]:
+        yield from tried
+        for text, changed, driver in variants:
+            try:
+                found = resolve_quietly(changed, driver)
+            except CompatibilityError:
+                found = None
+            if found is None:
+                continue
+            if driver is not None:
+                text = text.format(floor=found.driver_floor)
+            tried.append((text, found))
+            yield text, found
+
+    notes, unconfirmed = [], []
+    for package, version, advisory in hits:
+        fix = next(((text, found) for text, found in alternatives()
+                    if not advisory.affects(package, _version_of(found, package))), None)
+        tail = (f"{fix[0]} gives {package} {_version_of(fix[1], package)}" if fix else
+                f"no single recipe change gives a fixed release on {stack.gpu}")
+        notes.append(f"{package} {version} is inside {advisory.label()}: {advisory.summary}; affected "
+                     f"{advisory.affected}, fixed in {advisory.fixed}; {tail}"
+                     + ("" if advisory.confirmed else " (advisory range unconfirmed)"))
+        if not advisory.confirmed:
+            unconfirmed.append(f"advisory {advisory.id}: {advisory.note}")
+    return notes, unconfirmed
+
+
+def _version_of(stack: Any, package: str) -> str:
+    return stack.torch if package == "torch" else stack.backend_version

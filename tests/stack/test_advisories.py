@@ -1,0 +1,129 @@
+"""Issue 20 (compatibility truth, round 3): known advisories on a resolved stack.
+
+The expected answers come from the advisories as published (compat/advisories.yaml names the
+pages read): GHSA-2pc9-4j83-qjmr / CVE-2026-22807, code execution through a model's auto_map,
+affects vLLM >=0.10.1,<0.14.0 and is fixed in 0.14.0; CVE-2026-48746 (critical 9.1, the API-key
+middleware bypass) affects >=0.3.0,<0.22.0. The issue's case: an H100 fleet on driver 560 under
+strict resolves to vLLM 0.10.1.1 (inside both), and minor-compat gives 0.19.1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from packaging.version import Version
+
+from imgfab.cli import cli
+from imgfab.errors import MatrixError
+from imgfab.matrix.advisories import load_advisories
+from imgfab.ops.select import Candidate, Published, advisory_lines
+from imgfab.in_image.rules import Verdict
+from imgfab.recipe import parse_recipe
+from imgfab.stack.resolve import resolve
+
+from conftest import REPO
+
+AUTO_MAP = "GHSA-2pc9-4j83-qjmr (CVE-2026-22807; high 8.8)"
+
+
+def _recipe(**target) -> dict:
+    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    data["target"].update(target)
+    return data
+
+
+def _notes(stack, advisory: str) -> list[str]:
+    return [n for n in stack.notes if f"is inside {advisory}" in n]
+
+
+def test_the_strict_r560_pick_is_named_inside_the_auto_map_advisory_with_the_policy_that_fixes_it(matrix):
+    stack = resolve(parse_recipe(_recipe(driver=">=560.35.03", driver_policy="strict")), matrix).stack
+    assert stack.backend_version == "0.10.1.1"
+    [note] = _notes(stack, AUTO_MAP)
+    assert note.startswith("vllm 0.10.1.1 is inside GHSA-2pc9-4j83-qjmr")
+    assert "affected >=0.10.1,<0.14.0, fixed in 0.14.0; target.driver_policy: minor-compat gives vllm 0.19.1" in note
+
+
+def test_an_advisory_the_other_policy_does_not_fix_names_a_newer_driver(matrix):
+    stack = resolve(parse_recipe(_recipe(driver=">=560.35.03", driver_policy="strict")), matrix).stack
+    [note] = _notes(stack, "CVE-2026-48746 (critical 9.1)")
+    change, _, gives = note.rpartition("; ")[2].partition(" gives vllm ")
+    assert change.startswith("target.driver ≥ ") and Version(gives) >= Version("0.22.0"), note
+
+
+def test_a_pinned_release_names_dropping_the_pin(matrix):
+    data = _recipe(driver=">=999.0", driver_policy="strict")
+    data["backend"]["version"] = "==0.13.0"
+    [note] = _notes(resolve(parse_recipe(data), matrix).stack, AUTO_MAP)
+    assert note.endswith("fixed in 0.14.0; dropping backend.version '==0.13.0' gives vllm 0.33.0"), note
+
+
+def test_the_newest_release_carries_no_advisory_note(matrix):
+    stack = resolve(parse_recipe(_recipe(driver=">=999.0", driver_policy="strict")), matrix).stack
+    assert stack.backend_version == "0.33.0"
+    assert not [n for n in stack.notes if " is inside " in n]
+
+
+def test_an_unconfirmed_advisory_says_so(matrix):
+    stack = resolve(parse_recipe(_recipe(driver=">=560.35.03", driver_policy="strict")), matrix).stack
+    [note] = _notes(stack, "GHSA-8fr4-5q9j-m8gm")
+    assert note.endswith("(advisory range unconfirmed)")
+    assert any(u.startswith("advisory GHSA-8fr4-5q9j-m8gm: ") for u in stack.unconfirmed)
+
+
+def test_resolve_json_carries_the_advisory(tmp_path):
+    path = tmp_path / "h100-r560.yaml"
+    path.write_text(yaml.safe_dump(_recipe(driver=">=560.35.03", driver_policy="strict")))
+    result = CliRunner().invoke(cli, ["resolve", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.output)["stack"]["notes"]
+    assert any(AUTO_MAP in n and "minor-compat gives vllm 0.19.1" in n for n in notes), notes
+
+
+# --- select: the chosen image, and a fitting one outside the advisory ------------------------
+
+def _image(tag: str, version: str) -> Candidate:
+    labels = {"org.imgfab.backend": "vllm", "org.imgfab.backend.version": version, "org.imgfab.torch": "2.10.0"}
+    return Candidate(Published("r/x", tag, "sha256:" + "0" * 64, labels), [Verdict(True, "driver", "ok")])
+
+
+def test_select_names_the_advisory_and_a_fitting_image_outside_it(matrix):
+    old, new = _image("old", "0.10.1.1"), _image("new", "0.19.1")
+    lines = advisory_lines(matrix, old, [new, old])
+    [line] = [x for x in lines if AUTO_MAP in x]
+    assert line.startswith("vllm 0.10.1.1 is inside") and line.endswith("fitting image outside it: new (vllm 0.19.1)")
+    [critical] = [x for x in lines if "CVE-2026-48746" in x]
+    assert critical.endswith("no other image that fits this host is outside it")
+    assert not [x for x in advisory_lines(matrix, _image("newest", "0.33.0"), []) if "vllm" in x]
+
+
+# --- the data ------------------------------------------------------------------------------
+
+def test_every_advisory_is_sourced_sorted_and_its_fix_outside_its_range(matrix):
+    rows = matrix.advisories
+    assert rows and [(a.package, a.id) for a in rows] == sorted((a.package, a.id) for a in rows)
+    for advisory in rows:
+        assert advisory.source and advisory.summary and advisory.severity
+        assert not advisory.affects(advisory.package, advisory.fixed)
+        assert advisory.confirmed or advisory.note
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"fixed": "0.12.0"}, "is inside its own range"),
+    ({"affected": ">=0.10.1,<<0.14.0"}, "Invalid specifier"),
+    ({"severity": "urgent"}, "is not one of"),
+])
+def test_a_malformed_advisory_is_refused(tmp_path, change, message):
+    shutil.copytree(REPO / "compat", tmp_path / "compat")
+    path = tmp_path / "compat" / "advisories.yaml"
+    data = yaml.safe_load(path.read_text())
+    row = next(r for r in data["advisories"] if r["id"] == "GHSA-2pc9-4j83-qjmr")
+    row.update(change)
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(MatrixError) as info:
+        load_advisories(tmp_path / "compat")
+    assert message in str(info.value) and "GHSA-2pc9-4j83-qjmr" in str(info.value)
