@@ -19,10 +19,12 @@ Measurements (``--only`` picks some; all by default):
 - ``bump``     bytes uploaded by the re-push after a vLLM patch bump on the same torch
                ÷ image size (goal ≤ 0.15); ``--bump-vllm`` names the release (light: fake)
 - ``largest``  the largest layer, uncompressed and compressed (goal ≤ 2 GB)
-- ``repro``    two cold builds of one lock (``--no-cache``, the whole BuildKit cache pruned
-               between them, so uv's cache mount starts empty too): the same installed
-               distributions and the same payload layer digests (issue 9's reproducibility
-               record; the integration test covers the light payload on every run)
+- ``repro``    two cold builds of one recipe and lock (``--no-cache``, the whole BuildKit cache
+               pruned before each, so uv's and apt's cache mounts start empty too): the same
+               installed distributions, the same payload layer digests, how many of all the
+               image's layers are equal, and the cold CI rebuild after no change: bytes the
+               second build's push re-sends ÷ image size (issue 19: goal ≤ 0.001; the
+               integration test covers the light payload on every run)
 
 Images go to ``imgfab-bench/*`` repositories (never an example recipe's), each run under a
 fresh repository name so "bytes uploaded" counts what this run uploads.
@@ -56,7 +58,7 @@ def _registry():
     return host, registry.Credentials.load(host)
 
 
-def push_measured(local_ref: str, repository: str, tag: str) -> dict:
+def push_measured(local_ref: str, repository: str, tag: str, *, retag: bool = False) -> dict:
     """Push; returns seconds, bytes uploaded (layers the daemon reported ``Pushed``) and the
     image's compressed size and layers (manifest)."""
     from imgfab.docker import registry
@@ -64,7 +66,8 @@ def push_measured(local_ref: str, repository: str, tag: str) -> dict:
     host, credentials = _registry()
     lines: list[str] = []
     started = time.monotonic()
-    registry.push(local_ref, f"{host}/{repository}:{tag}", credentials=credentials, on_line=lines.append)
+    registry.push(local_ref, f"{host}/{repository}:{tag}", credentials=credentials, on_line=lines.append,
+                  retag=retag)
     seconds = time.monotonic() - started
     pushed = {line.split()[0] for line in lines if line.endswith(" Pushed")}
     manifest = registry._get_manifest(registry._client_for(registry.ImageRef(host, repository, tag), credentials),
@@ -230,11 +233,13 @@ def _installed(ref: str) -> list[str]:
     return sorted(Path(line).name.removesuffix(".dist-info").replace("-", "==", 1) for line in out.split())
 
 
-def _hashes(ref: str) -> dict[str, str]:
-    """``{path: sha256 or link target}`` of every file and link under /opt/venv in ``ref``."""
+def _hashes(ref: str, root: str = "/opt/venv") -> dict[str, str]:
+    """``{path: sha256 or link target, then mtime and owner}`` of every file and link under
+    ``root`` in ``ref`` (its own file system only)."""
     out = docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
-                 "cd /opt/venv && find . -type f -print0 | sort -z | xargs -0 sha256sum; "
-                 "find . -type l -printf '%l  %p\\n'")
+                 f"cd {root} && find . -xdev -type f -print0 | sort -z | xargs -0 sha256sum; "
+                 "find . -xdev -type l -printf '%l  %p\\n'; "
+                 "find . -xdev -printf '%T@:%U:%G:%m  %p.meta\\n'")
     return {line.split("  ", 1)[1]: line.split("  ", 1)[0] for line in out.splitlines() if "  " in line}
 
 
@@ -243,32 +248,41 @@ def bench_repro(payload: str, scratch: Path, results: dict, run: str) -> None:
     from imgfab.payload.lock import Lock
 
     runs = []
+    repository = f"imgfab-bench/repro-{run}"  # one recipe, one repository: a CI rebuild
     with payload_options(payload, QWEN, scratch / "repro-lock", salt=uuid.uuid4().hex) as options:
         options.no_cache = True
         groups = Lock.parse(Path(options.lock).read_text()).layers()
         for attempt in ("a", "b"):
-            prune_build_cache()  # cold: no step and no uv download cache survives
+            prune_build_cache()  # cold: no step and no uv/apt download cache survives
             started = time.monotonic()
-            built = build(QWEN, options, scratch / f"repro-{attempt}", f"imgfab-bench/repro-{attempt}-{run}",
-                          prune=True)
+            built = build(QWEN, options, scratch / f"repro-{attempt}", repository, prune=True)
             seconds = time.monotonic() - started
-            runs.append((built, seconds, _payload_layers(built, groups), _installed(built.tags[0])))
-    (a, sa, la, ia), (b, sb, lb, ib) = runs
+            layers = json.loads(docker("image", "inspect", built.tags[0]))[0]["RootFS"]["Layers"]
+            kept = f"imgfab-bench/repro-kept-{run}:{attempt}"  # the next build moves the tag
+            docker("tag", built.tags[0], kept)
+            pushed = push_measured(built.tags[0], repository, f"repro-{run}", retag=True)
+            runs.append((built, seconds, _payload_layers(built, groups), _installed(built.tags[0]),
+                         layers, kept, pushed))
+    (a, sa, la, ia, fa, ka, pa), (b, sb, lb, ib, fb, kb, pb) = runs
     same = [g for g in groups if la[g] == lb[g]]
-    if len(same) < len(groups):  # which files: hash both images' venvs and print what differs
-        listings = [_hashes(built.tags[0]) for built in (a, b)]
-        differ = sorted(path for path in set(listings[0]) | set(listings[1])
-                        if listings[0].get(path) != listings[1].get(path))
+    equal = sum(1 for x, y in zip(fa, fb) if x == y) if len(fa) == len(fb) else 0
+    if equal < len(fa):  # which files: hash both images' files
+        ha, hb = _hashes(ka, "/"), _hashes(kb, "/")
+        differ = sorted(path for path in set(ha) | set(hb) if ha.get(path) != hb.get(path))
         print(f"repro: {len(differ)} files differ between the two builds:", flush=True)
         for path in differ[:40]:
-            print(f"  {path}: {listings[0].get(path, '-')[:12]} {listings[1].get(path, '-')[:12]}", flush=True)
+            print(f"  {path}: {ha.get(path, '-')[:12]} {hb.get(path, '-')[:12]}", flush=True)
     results["repro"] = (f"two cold builds ({sa:.0f} s, {sb:.0f} s, build cache pruned before each): "
                         f"{len(ia)} and {len(ib)} distributions, {'the same' if ia == ib else 'DIFFERENT'} set; "
                         f"payload layers identical {len(same)}/{len(groups)}"
                         + ("" if len(same) == len(groups) else
                            f" (differ: {' '.join(g for g in groups if g not in same)})")
+                        + f"; all layers identical {equal}/{len(fa)}; image ID "
+                        + ("the same" if a.image_id == b.image_id else "DIFFERENT")
+                        + f"; cold CI rebuild after no change: re-sent {pb['uploaded']} B ÷ image "
+                          f"{pb['size']} B = {pb['uploaded'] / pb['size']:.6f} (goal ≤ 0.001)"
                         + "; " + " ".join(f"{g}={la[g][7:19]}" for g in groups))
-    for ref in a.tags + b.tags:
+    for ref in {*a.tags, *b.tags, ka, kb}:
         engine.remove_image(ref, force=True)
 
 

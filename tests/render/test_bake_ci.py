@@ -97,7 +97,14 @@ def test_bake_targets_args_tags_secrets(baked, matrix):
         assert target["context"] == f"build/{recipe.name}"
         assert (cwd / target["context"] / "Dockerfile").is_file()
         assert target["args"] == {"BUILDER_IMAGE": f"{MIRROR}/{stack.builder_image}",
-                                  "RUNTIME_IMAGE": f"{MIRROR}/{stack.runtime_image}"}
+                                  "RUNTIME_IMAGE": f"{MIRROR}/{stack.runtime_image}",
+                                  "SOURCE_DATE_EPOCH": target["args"]["SOURCE_DATE_EPOCH"]}
+        assert target["args"]["SOURCE_DATE_EPOCH"].isdigit()
+        # As imgfab build exports it: the recipe's compression, base layers too, OCI types, and
+        # no BuildKit attestation manifest beside the image.
+        assert target["output"] == [f"type=image,compression={recipe.image.compression},"
+                                    "force-compression=true,oci-mediatypes=true"]
+        assert target["attest"] == ["type=provenance,disabled=true", "type=sbom,disabled=true"]
         lock = json.loads((cwd / target["context"] / "imgfab.lock.json").read_text())["image"]
         assert lock["ref"] == target["tags"][0]  # the run artifacts name what bake tags
         assert target["tags"] == [

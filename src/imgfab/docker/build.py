@@ -24,7 +24,6 @@ Errors are the typed ones of :mod:`imgfab.errors`: bad options are :class:`Recip
 
 from __future__ import annotations
 
-import calendar
 import hashlib
 import hmac
 import os
@@ -322,7 +321,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     from imgfab.payload.lock import load_for_build, served_stack  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
     from imgfab.render.context import context_image, render_context, write_context  # noqa: PLC0415
-    from imgfab.render.source import source_of  # noqa: PLC0415
+    from imgfab.render.source import source_epoch, source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
     from imgfab.docker.verify import policy_for, verify_image  # noqa: PLC0415
 
@@ -346,7 +345,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     # SOURCE_DATE_EPOCH: the image config's and history's times are the source's (the commit's,
     # or CI's SOURCE_DATE_EPOCH); every layer's files are stamped with the epoch itself (0) by
     # the Dockerfile, so a layer depends only on what is in it.
-    epoch = calendar.timegm(time.strptime(source.created, "%Y-%m-%dT%H:%M:%SZ")) if source.created else 0
+    epoch = source_epoch(source)
 
     def rerender(image_ref: str | None = None) -> dict[str, str]:
         return render_context(recipe, stack, matrix, engine_strategy=strategy or "two-phase",

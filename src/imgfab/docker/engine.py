@@ -41,6 +41,9 @@ __all__ = ["COMPRESSIONS", "MIN_ENGINE", "EngineFacts", "add_labels", "build", "
 # --- containers: run, inspect, exec, remove (smoke tests) -------------------------------------
 
 
+_PUSHED = re.compile(r"^(\S+): digest: (sha256:[0-9a-f]{64}) size: \d+$")
+
+
 def push_image(local_ref: str, repository: str, tag: str, *,
                auth_config: dict[str, str] | None = None, on_line: Any = None) -> str:
     """Tag ``local_ref`` as ``repository:tag`` and push it through the daemon (one attempt).
@@ -79,6 +82,11 @@ def push_image(local_ref: str, repository: str, tag: str, *,
                 raise RegistryError(" ".join(str(item["error"]).split()),
                                     field=f"push {repository}:{tag}")
             digest = (item.get("aux") or {}).get("Digest") or digest
+            # The containerd image store (Docker 26) sends no aux record: only the classic
+            # engine's closing status line, "<tag>: digest: sha256:… size: N".
+            closing = _PUSHED.match(str(item.get("status") or ""))
+            if closing and closing.group(1) == tag:
+                digest = digest or closing.group(2)
             if on_line is None or not item.get("status"):
                 continue
             detail = item.get("progressDetail") or {}
@@ -256,9 +264,10 @@ def build_output_args(compression: str, epoch: int) -> list[str]:
     if compression not in COMPRESSIONS:
         raise EngineError(f"unknown compression {compression!r}", field="--compression",
                           fix=f"use one of {', '.join(COMPRESSIONS)}")
+    from imgfab.render.context import image_output  # noqa: PLC0415
+
     return ["--provenance=false", "--sbom=false", "--build-arg", f"SOURCE_DATE_EPOCH={int(epoch)}",
-            "--output", f"type=image,compression={compression},force-compression=true,"
-                        "oci-mediatypes=true"]
+            "--output", image_output(compression)]
 
 
 def buildx_version() -> str | None:

@@ -120,6 +120,89 @@ def local_layer_dirs(info: dict[str, Any], layers: list[str]) -> list[Path] | No
     return [Path(d) for d in reversed(top_down)]
 
 
+# Where a local engine's containerd keeps its content (compressed layer blobs, manifests):
+# dockerd's own containerd under its data root, or a system containerd.
+_CONTENT_STORES = ("{root}/containerd/daemon/io.containerd.content.v1.content/blobs/sha256",
+                   "/var/lib/containerd/io.containerd.content.v1.content/blobs/sha256")
+_BLOB_NAME = re.compile(r"^sha256:([0-9a-f]{64})$")
+_MAX_MANIFEST_BYTES = 4 << 20
+
+
+def local_layer_blobs(info: dict[str, Any], layers: list[str], docker_root: str) -> list[Path] | None:
+    """The compressed blob of every layer (bottom first) in a local containerd image store's
+    content store, when this process can read it; None otherwise. The image ID (``info["Id"]``)
+    is its manifest's digest there, or an index's: then the manifest for the image's own
+    platform. The manifest must list as many layers as ``RootFS.Layers``; each blob's
+    uncompressed bytes must then hash to the diff id at its place (the caller checks)."""
+    image_id = str(info.get("Id") or "")
+    if not _BLOB_NAME.match(image_id) or not docker_root:
+        return None
+    for pattern in _CONTENT_STORES:
+        store = Path(pattern.format(root=docker_root))
+        if not store.is_dir() or not os.access(store, os.R_OK | os.X_OK):
+            continue
+        manifest = _read_json(store, image_id)
+        if manifest and "manifests" in manifest:  # an index: the image's own platform
+            wanted = (info.get("Os") or "linux", info.get("Architecture") or "amd64")
+            chosen = next((m for m in manifest["manifests"] if isinstance(m, dict)
+                           and (m.get("platform") or {}).get("os") == wanted[0]
+                           and (m.get("platform") or {}).get("architecture") == wanted[1]), None)
+            manifest = _read_json(store, str((chosen or {}).get("digest") or ""))
+        listed = (manifest or {}).get("layers")
+        if not isinstance(listed, list) or len(listed) != len(layers):
+            return None
+        blobs = []
+        for layer in listed:
+            match = _BLOB_NAME.match(str((layer or {}).get("digest") or "") if isinstance(layer, dict) else "")
+            blob = store / match.group(1) if match else None
+            if blob is None or not blob.is_file() or not os.access(blob, os.R_OK):
+                return None
+            blobs.append(blob)
+        return blobs
+    return None
+
+
+def _read_json(store: Path, digest: str) -> dict[str, Any] | None:
+    match = _BLOB_NAME.match(digest)
+    if not match:
+        return None
+    try:
+        with open(store / match.group(1), "rb") as handle:
+            data = handle.read(_MAX_MANIFEST_BYTES + 1)
+        value = json.loads(data) if len(data) <= _MAX_MANIFEST_BYTES else None
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def scan_blob(path: Path, mount: str, policy: Any) -> tuple[dict[str, Any] | None, str, str]:
+    """One compressed layer blob of the content store → ``(result, diff id, why)``: the same
+    per-layer scan a layer tar of ``docker save`` gets (``_scan_layer``), the uncompressed bytes
+    hashed as they are read; ``result`` is None (and ``why`` says why) when it cannot be read
+    whole."""
+    needles = policy.needles()
+    try:
+        with open(path, "rb") as stream:
+            kind, reader, digest = open_blob(stream, needles)
+            if kind == "tar":
+                result = _scan_layer(reader, mount, needles)
+            elif kind == "empty":
+                result = {"matched": [], "weights": [], "secrets": []}
+            else:
+                return None, "", kind if reader is None else "not a layer tar"
+            assert digest is not None
+            diff_id = digest.finish()
+            if digest.trailing:
+                return None, diff_id, "data after the end-of-archive blocks"
+    except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
+        return None, "", f"unreadable: {exc.__class__.__name__}"
+    located = result["secrets"]
+    result["secrets"] = sorted(set(located) | {
+        f"{hit} in a tar header or the padding of the layer" for hit in digest.found
+        if not any(line.startswith(hit + " in ") for line in located)})
+    return result, diff_id, ""
+
+
 def _scan_directory(root: Path, mount: str, policy: Any) -> dict[str, Any]:
     """One overlay2 layer directory → the same result a layer tar gives: whiteouts are
     character devices 0/0, opaque directories carry the ``trusted.overlay.opaque`` xattr."""

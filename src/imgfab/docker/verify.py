@@ -50,6 +50,7 @@ from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 from imgfab.docker.catalogue import (_ALL_PATTERNS, ALWAYS_FORBIDDEN, NOTE_ONLY, PAYLOAD_TOOLKIT,
                                      TOOL_PATHS)
 from imgfab.docker.layers import (_MAX_SECRET_BYTES, _contains, _LayerScan, _scan_directory,
+                                  local_layer_blobs, scan_blob,
                                   _scan_layers, local_layer_dirs, mask)
 
 # The names other stations and the tests use, wherever they live in this package.
@@ -311,6 +312,14 @@ def _store_layer(key: str, result: dict[str, Any]) -> None:
         pass
 
 
+def _docker_root(engine: Any) -> str:
+    """The local engine's data root (``docker info``), '' when unknown."""
+    try:
+        return str((engine.docker_info() or {}).get("DockerRootDir") or "")
+    except Exception:  # noqa: BLE001 - no local storage: the save stream is read instead
+        return ""
+
+
 def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: VerifyPolicy,
                 engine: Any) -> _LayerScan:
     """Scan every layer once per content. Results are cached under the sha256 of the layer
@@ -321,7 +330,10 @@ def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: 
     known = {diff_id: _load_layer(key) for diff_id, key in keys.items()}
     unknown = [d for d in layers if known[d] is None]
     directories = local_layer_dirs(info, layers) if unknown else []
-    if unknown and directories is None:
+    blobs = None
+    if unknown and directories is None:  # the containerd image store: its local content store
+        blobs = local_layer_blobs(info, layers, _docker_root(engine))
+    if unknown and directories is None and blobs is None:
         scan = _scan_layers(engine.save_stream(image_id), policy)
         for name, digest in zip(scan.order, scan.diff_ids):  # keyed by what was hashed
             _store_layer(_layer_key(digest, policy), scan.results[name])
@@ -339,7 +351,16 @@ def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: 
     mount = policy.mount
     for index, diff_id in enumerate(layers):
         result = known[diff_id]
-        if result is None:
+        if result is None and blobs is not None:
+            # The content store's blob at this place of the image's own manifest: read whole,
+            # its uncompressed bytes must hash to the diff id inspect reported (fail closed).
+            result, read_as, why = scan_blob(blobs[index], mount, policy)
+            if result is None or read_as != diff_id:
+                scan.unscanned.append(f"layer {index + 1} ({blobs[index].name[:12]}… in the content "
+                                      f"store: {why or f'its bytes hash to {read_as[:19]}…, inspect reports {diff_id[:19]}…'})")
+                continue
+            _store_layer(keys[diff_id], result)
+        elif result is None:
             # The engine's own layer store, in the same inspect answer (of the ID, not a tag)
             # that named the diff ids: overlay2 directories are new for every build of equal
             # bytes, so keying by them would rescan every layer of every rebuild.
@@ -352,8 +373,9 @@ def _scan_image(image_id: str, info: dict[str, Any], layers: list[str], policy: 
     for name in _contains(io.BytesIO(config_text), policy.needles()):
         secret_hits.add(f"{name} in the image config")
     scan.secrets = sorted(secret_hits)
+    where = "the containerd content store" if blobs is not None else "the engine's storage"
     scan.notes.append(f"layers: {len(layers) - len(unknown)} of {len(layers)} known from earlier "
-                      f"scans, {len(unknown)} read from the engine's storage")
+                      f"scans, {len(unknown)} read from {where}")
     return scan
 
 

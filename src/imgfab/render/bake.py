@@ -58,8 +58,8 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.payload.lock import load_for_build  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
-    from imgfab.render.context import context_image, render_context, write_context  # noqa: PLC0415
-    from imgfab.render.source import source_of  # noqa: PLC0415
+    from imgfab.render.context import context_image, image_output, render_context, write_context  # noqa: PLC0415
+    from imgfab.render.source import source_epoch, source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
 
     matrix = load_matrix(compat_dir)
@@ -76,8 +76,9 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
         args = {"BUILDER_IMAGE": mirrored(stack.builder_image, mirror),
                 "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)}
         target_registry = registry or recipe.image.registry  # as imgfab build: --registry wins
+        source = source_of(path)
         files = render_context(recipe, stack, matrix, engine_strategy=strategy, lock=lock,
-                               registry=target_registry, bases=args, source=source_of(path))
+                               registry=target_registry, bases=args, source=source)
         context = write_context(files, out_dir / recipe.name)
         name = target_name(recipe.name)
         if name in targets:
@@ -88,9 +89,13 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
             "context": Path(os.path.relpath(context, Path.cwd())).as_posix(),
             "dockerfile": "Dockerfile",
             "target": BUILD_STAGE,
-            "args": args,
+            # As `imgfab build` makes them (imgfab.docker.engine.build_output_args): the config's
+            # times from the source, the recipe's layer compression, no BuildKit attestations.
+            "args": {**args, "SOURCE_DATE_EPOCH": str(source_epoch(source))},
             "tags": [context_image(files)["ref"]],
             "secret": [f"type=env,id={sid},env={var}" for sid, var in SECRETS],
+            "output": [image_output(recipe.image.compression)],
+            "attest": ["type=provenance,disabled=true", "type=sbom,disabled=true"],
         }
     return {"group": {"default": {"targets": sorted(targets)}},
             "target": dict(sorted(targets.items()))}

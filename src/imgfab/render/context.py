@@ -206,6 +206,13 @@ LAYER_STAMP = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -pat
 LAYER_FORGET = ("rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log "
                 "/var/cache/ldconfig/aux-cache /var/lib/dpkg/*-old /var/cache/debconf/*-old")
 
+def image_output(compression: str) -> str:
+    """The BuildKit image exporter's settings for an image with ``compression`` layers: every
+    layer compressed so, base layers included (``force-compression``), with OCI media types.
+    ``imgfab build`` and the bake file use the same."""
+    return f"type=image,compression={compression},force-compression=true,oci-mediatypes=true"
+
+
 # The pulling host a layer compression needs ('' for gzip: every engine pulls it).
 PULL_REQUIRES = {"gzip": "", "zstd": "docker>=23.0|containerd>=1.5"}
 

@@ -10,6 +10,7 @@ and the labels are left out.
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import shutil
@@ -64,3 +65,10 @@ def source_of(recipe_path: str | Path) -> Source:
         epoch = _git(directory, "show", "-s", "--format=%ct", revision)
     created = iso_time(int(epoch)) if epoch.isdigit() else ""
     return Source(url=url, revision=revision, created=created)
+
+
+def source_epoch(source: Source) -> int:
+    """``SOURCE_DATE_EPOCH`` for a build of ``source``: its ``created`` time in seconds, 0 when
+    it has none. The image config's and history's times; every layer's files are stamped with
+    the epoch itself (0), so a layer depends only on what is in it."""
+    return calendar.timegm(time.strptime(source.created, "%Y-%m-%dT%H:%M:%SZ")) if source.created else 0
