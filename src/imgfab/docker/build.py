@@ -38,7 +38,7 @@ from typing import Any
 
 from imgfab.docker import engine
 from imgfab.docker.unverified import UnverifiedTags
-from imgfab.errors import HostError, RecipeError, ValidationFailed, redact, shown
+from imgfab.errors import HostError, ImgfabError, RecipeError, ValidationFailed, redact, shown
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -311,10 +311,29 @@ def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
     return refs
 
 
+# The steps of one build, in order; a failure's ``ImgfabError.step`` names the one it stopped in.
+STEPS = ("recipe", "resolve", "lock", "render", "build", "verify", "payload", "smoke", "push",
+         "publish")
+
+
 def build_recipe(recipe_path: str, options: BuildOptions, *,
                  on_line: Callable[[str], None] | None = None,
                  context_dir: Path | None = None) -> BuiltImage:
-    """Build, verify (and optionally smoke-test and push) the image of one recipe."""
+    """Build, verify (and optionally smoke-test and push) the image of one recipe.
+
+    Raises the typed errors of :mod:`imgfab.errors`, each with ``step`` set to the one of
+    :data:`STEPS` it failed in (``build --json`` reports it)."""
+    where = [STEPS[0]]
+    try:
+        return _build_recipe(recipe_path, options, on_line, context_dir, where)
+    except ImgfabError as error:
+        if error.step is None:
+            error.step = where[0]
+        raise
+
+
+def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[str], None] | None,
+                  context_dir: Path | None, where: list[str]) -> BuiltImage:
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.payload.lock import load_for_build, served_stack  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
@@ -327,9 +346,11 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
     if options.registry is None and recipe.image.registry:  # --registry / IMGFAB_REGISTRY win
         options = replace(options, registry=recipe.image.registry)
     _check_options(options)
+    where[0] = "resolve"
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
     strategy = _compile_strategy(stack, options, on_line)
+    where[0] = "lock"
     lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
     stack = served_stack(stack, lock)  # as render_context labels it: verify checks the same labels
     # The bases as this build uses them (mirrored, pinned) are part of the image's identity.
@@ -343,6 +364,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                               image_ref=image_ref)
 
     started = _now()
+    where[0] = "render"
     files = rerender()
     context = write_context(files, context_dir or Path("build") / recipe.name)
     tag_name = context_image(files)["tag"]
@@ -362,6 +384,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                 secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
                 build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
                     secrets["pip-conf"].read_bytes(), pip_source_key())
+            where[0] = "build"
             if strategy == "two-phase":
                 _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
             # No tag yet: what is judged is the ID this build wrote, and only it gets the names.
@@ -371,6 +394,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
             secret_names = list(secrets)
         policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
         image_id = result.image_id
+        where[0] = "verify"
         try:
             report = verify_image(image_id, policy)
         except ValidationFailed:
@@ -379,6 +403,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         # issue 10: measure the payload inside the image (CUDA runtime, SASS/PTX) against the matrix;
         # a disagreement rejects the image like verify does, and the measured values become labels.
         from imgfab.payload import measure as payload  # noqa: PLC0415
+        where[0] = "payload"
         try:
             measured = payload.check_image(image_id, stack.to_dict(), matrix, engine=engine)
         except ValidationFailed:
@@ -395,6 +420,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
         base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes))
     if options.smoke:
+        where[0] = "smoke"
         if options.smoke_hook is None:
             raise RecipeError("--smoke needs a smoke test to run", field="--smoke",
                               fix="build through `imgfab build --smoke`, which passes it")
@@ -407,6 +433,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         from imgfab.docker import registry  # noqa: PLC0415
 
         assert remote_ref is not None and options.registry
+        where[0] = "push"
         # --registry may carry a namespace (ghcr.io/<owner>): credentials are the host's.
         credentials = registry.Credentials.load(options.registry.split("/", 1)[0],
                                                 options.registry_user, options.registry_password)
@@ -414,6 +441,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                                      on_line=on_line, retag=options.retag)
         if options.publish_hook is not None:
             from imgfab.payload.lock import lock_path  # noqa: PLC0415
+
+            where[0] = "publish"
 
             record = BuildRecord(
                 recipe_path=recipe_path, recipe=recipe, stack=stack, matrix=matrix, lock=lock,

@@ -157,7 +157,8 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolut
         f"no {recipe.backend.name} stack fits {gpu.name} with driver {driver} ({policy}); "
         f"{len(rejections)} candidates rejected, {which}: {first.candidate}: {first.reason}",
         field=_field_for(first.constraint), fix=fix,
-        rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections])
+        rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections],
+        rejected=[dict(r.__dict__) for r in rejections])
 
 
 def deciding_rejection(failures_by_release: list[tuple[BackendRelease, list[Rejection]]]
