@@ -76,7 +76,7 @@ def test_resolve_success_and_failure(validator):
 def test_bad_recipe_is_an_object_too(validator, tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(LOCKED.read_text() + "colour: red\n")
-    for command in ("resolve", "render", "bases"):
+    for command in ("resolve", "render", "bases", "validate"):
         doc = answer(validator, command, command, str(recipe), code=2)
         if command != "validate":
             assert doc["error"]["field"] == "colour"
@@ -194,3 +194,19 @@ def test_select_candidates_carry_constraint_and_fix():
                                 Verdict(False, "driver", "host 535 < 550", "upgrade to ≥ 550")])
     assert failing.rejection() == {"constraint": "driver", "fix": "upgrade to ≥ 550"}
     assert Candidate(image, [Verdict(True, "gpu", "ok")]).rejection() == {"constraint": "", "fix": ""}
+
+
+def test_first_steps_are_objects(validator, tmp_path):
+    revision = "f2826a00ceef68f0f2b946d945ecc0477ce4450c"
+    init = ("init", "--model", "Qwen/Qwen2-7B-Instruct", "--revision", revision, "--gpu", "H100",
+            "--driver", "535.104.05", "-o", str(tmp_path / "r.yaml"))
+    doc = answer(validator, "init", *init, code=0)
+    assert doc["recipe"] == str(tmp_path / "r.yaml") and doc["stack"]["backend"] == "vllm"
+    assert answer(validator, "init", *init, code=2)["error"]["field"] == "--output"
+    checked = answer(validator, "validate", "validate", str(tmp_path / "r.yaml"), code=0)
+    assert checked["recipes"] == [{"path": str(tmp_path / "r.yaml"), "ok": True, "errors": []}]
+    listed = answer(validator, "list", "list", str(tmp_path), code=0)
+    assert [r["lock"] for r in listed["recipes"]] == ["missing"]
+    explained = answer(validator, "explain", "explain", "engine.quantization", code=0)
+    assert "int4_awq" in explained["choices"] and explained["default"] == "none"
+    answer(validator, "explain", "explain", "no.such", code=2)

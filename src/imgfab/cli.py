@@ -297,6 +297,199 @@ def bases(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) -> No
         click.echo(ref)
 
 
+def _ask(value: str | None, flag: str, prompt: str, *, default: str | None = None,
+         fix: str) -> str:
+    """``value``, else a prompt on a terminal, else ``default``; without any: exit 2 naming ``flag``."""
+    if value:
+        return value
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return click.prompt(prompt, default=default)
+    if default is not None:
+        return default
+    raise RecipeError(f"{flag} is needed (no terminal to ask on)", field=flag, fix=fix)
+
+
+@cli.command()
+@click.option("--model", help="Hugging Face model id (org/name) or an absolute local path.")
+@click.option("--revision", help="The model's pinned commit (40 hex digits; needed for a hub id).")
+@click.option("--gpu", help="Target GPU: a compat/gpus.yaml name or alias (H100, L40S, ...).")
+@click.option("--driver", help="The fleet's oldest driver version, e.g. 535.104.05.")
+@click.option("--backend", type=click.Choice(["vllm", "tensorrt-llm"]), help="Inference server (default vllm).")
+@click.option("--precision", type=click.Choice(["none", "bfloat16", "float16", "fp8", "int8_sq",
+                                                 "int4_awq", "nvfp4"]),
+              help="Quantization, or the dtype without one (default none: bfloat16).")
+@click.option("--policy", type=click.Choice(["strict", "minor-compat", "forward-compat"]),
+              help="Driver policy (target.driver_policy; default strict, or minor-compat when "
+                   "only that fits the driver).")
+@click.option("--name", help="Recipe name (default: from the model and the GPU).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Where to write it (default recipes/<name>.yaml).")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+@json_option
+@compat_option
+def init(model: str | None, revision: str | None, gpu: str | None, driver: str | None,
+         backend: str | None, precision: str | None, policy: str | None, name: str | None,
+         output: str | None, force: bool, as_json: bool, compat_dir: str | None) -> None:
+    """Write a commented starter recipe from flags (or prompts on a terminal), resolved as it is
+    written: a recipe no stack fits is not written. Never replaces a file without --force."""
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.output import write_atomically
+    from imgfab.render.starter import StarterAnswers, starter_name, starter_recipe
+
+    _json("init", as_json)
+    model = _ask(model, "--model", "Model (Hugging Face id or absolute path)",
+                 fix="e.g. --model Qwen/Qwen2-7B-Instruct")
+    if not model.startswith("/"):
+        revision = _ask(revision, "--revision", "Pinned revision (40-hex commit)",
+                        fix="copy the 40-hex commit from the model's 'Files and versions' history")
+    gpu = _ask(gpu, "--gpu", "Target GPU", fix="e.g. --gpu H100-SXM (imgfab explain target.gpu)")
+    driver = _driver_option(_ask(driver, "--driver", "Fleet's oldest driver",
+                                 fix="e.g. --driver 535.104.05 (what nvidia-smi prints)"))
+    backend = _ask(backend, "--backend", "Backend", default="vllm", fix="vllm or tensorrt-llm")
+    precision = _ask(precision, "--precision", "Precision", default="none",
+                     fix="none, fp8, int8_sq, int4_awq or nvfp4")
+    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    known = matrix.host_gpu(gpu, field="--gpu")  # a matrix name, alias or nvidia-smi's name
+    answers = StarterAnswers(model=model, revision=revision, gpu=known.name,
+                             driver=driver or "", backend=backend, precision=precision,
+                             policy=policy, name=name)
+    target = Path(output) if output else \
+        Path("recipes") / f"{name or starter_name(model, answers.gpu)}.yaml"
+    text, recipe, resolution = starter_recipe(answers, matrix, str(target))
+    try:  # no-clobber in the write itself: a file that appears meanwhile is not replaced either
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target, text, replace=force)
+    except FileExistsError:
+        raise RecipeError(f"{target} exists", field="--output",
+                          fix="pass --force to replace it, or --output another file") from None
+    except OSError as exc:
+        raise ImgfabError(f"cannot write {target}: {exc.strerror or exc}", field="--output",
+                          fix="check the path and the free space") from None
+    stack = resolution.stack
+    if as_json:
+        _emit("init", recipe=str(target), stack=stack.to_dict())
+        return
+    click.echo(f"wrote {target}: {recipe.name} resolves to {stack.backend} {stack.backend_version}, "
+               f"CUDA {stack.cuda} on {stack.os}, driver floor {stack.driver_floor} "
+               f"({recipe.target.driver_policy})")
+    click.echo(f"next: imgfab lock {target} && imgfab build {target}")
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@json_option
+@compat_option
+def validate(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) -> None:
+    """Check RECIPES without rendering: every failing field of each, then whether a stack fits.
+    Exit 2 when any recipe fails."""
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.output import error_object
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.resolve import resolve as resolve_stack
+
+    _json("validate", as_json)
+    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    checked = []
+    for path in recipes:
+        errors: list[dict] = []
+        try:
+            resolve_stack(load_recipe(path), matrix)
+        except RecipeError as error:
+            problems = error.problems or ((error.field or "recipe", error.message, error.fix),)
+            errors = [error_object(RecipeError(m, field=f, fix=x)) for f, m, x in problems]
+        except ImgfabError as error:
+            errors = [error_object(error)]
+        checked.append({"path": path, "ok": not errors, "errors": errors})
+        if not as_json:
+            click.echo(f"{path}: ok" if not errors else f"{path}: {len(errors)} problem(s)")
+            for error in errors:
+                click.echo(f"  {error['line']}")
+    failed = [c["path"] for c in checked if not c["ok"]]
+    if failed:
+        _exit_with("validate", as_json, 2, f"{len(failed)} of {len(checked)} recipes fail: "
+                   f"{', '.join(failed)}", "validate", "fix each field named above", recipes=checked)
+    if as_json:
+        _emit("validate", recipes=checked)
+
+
+@cli.command("list")
+@click.argument("directory", default="recipes", type=click.Path(file_okay=False))
+@json_option
+@compat_option
+def list_recipes(directory: str, as_json: bool, compat_dir: str | None) -> None:
+    """List the recipes in DIRECTORY (default recipes/): model, GPU, backend, precision and
+    whether each one's committed lock is current."""
+    from imgfab.output import error_object
+    from imgfab.payload.lock import check_lock
+    from imgfab.recipe import load_recipe
+
+    _json("list", as_json)
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise RecipeError(f"{directory} is not a directory", field="DIRECTORY",
+                          fix="name the folder that holds the recipes (default recipes/)")
+    compat_path = Path(compat_dir) if compat_dir else None
+    rows = []
+    for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml")):
+        row = {"path": str(path), "name": None, "model": None, "gpu": None, "backend": None,
+               "precision": None, "lock": "invalid", "error": None}
+        try:
+            recipe = load_recipe(path)
+            row.update(name=recipe.name, model=recipe.model.id, gpu=recipe.target.gpu,
+                       backend=str(getattr(recipe.backend.name, "value", recipe.backend.name)),
+                       precision=str(getattr(recipe.engine.quantization, "value",
+                                             recipe.engine.quantization)))
+            result = check_lock(str(path), compat_path)
+            row["lock"] = ("missing" if result.problem == "missing" else "stale") \
+                if result.problem else ("refused" if result.refused else "current")
+        except ImgfabError as error:
+            row["error"] = error_object(error)
+        rows.append(row)
+    if as_json:
+        _emit("list", directory=directory, recipes=rows)
+        return
+    for row in rows:
+        if row["error"]:
+            click.echo(f"{row['path']}: {row['error']['line']}")
+        else:
+            click.echo(f"{row['path']}: {row['model']} on {row['gpu']}, {row['backend']}, "
+                       f"{row['precision']}; lock {row['lock']}")
+
+
+@cli.command()
+@click.argument("field", required=False)
+@json_option
+def explain(field: str | None, as_json: bool) -> None:
+    """Explain a recipe FIELD (e.g. engine.quantization): what it means, its type, default,
+    choices and examples. Without FIELD: every field, one line each."""
+    from imgfab.recipe import ALIASES, recipe_fields
+
+    _json("explain", as_json)
+    fields = recipe_fields()
+    if field is None:
+        if as_json:
+            raise RecipeError("explain --json answers one field", field="FIELD",
+                              fix="e.g. imgfab explain engine.quantization --json")
+        for path, info in fields.items():
+            click.echo(f"{path}: {info['description']}")
+        return
+    info = fields.get(field.strip())
+    if info is None:
+        close = [p for p in fields if p.rsplit(".", 1)[-1] == field.rsplit(".", 1)[-1]]
+        raise RecipeError(f"{field!r} is not a recipe field", field="FIELD",
+                          fix=f"did you mean {' or '.join(close)}?" if close else
+                          "`imgfab explain` lists every field")
+    if as_json:
+        _emit("explain", field=field, **info)
+        return
+    click.echo(f"{field}: {info['description']}")
+    for key in ("type", "choices", "default", "examples"):
+        if info.get(key) not in (None, []):
+            click.echo(f"  {key}: {json.dumps(info[key], ensure_ascii=False)}")
+    for typed, (exact, meaning) in sorted(ALIASES.get(field, {}).items()):
+        click.echo(f"  {typed!r} is written {exact} ({meaning})" if exact else f"  {typed!r}: {meaning}")
+
+
 def _host_gpu(driver: str | None, gpu: str | None):
     """--driver/--gpu, or this host's (NVML, else nvidia-smi) when either is omitted."""
     from imgfab.in_image.facts import load_nvml

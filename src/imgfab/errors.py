@@ -70,9 +70,13 @@ class ImgfabError(Exception):
 
 
 class RecipeError(ImgfabError):
-    """The recipe (or a CLI value standing in for a recipe field) is invalid."""
+    """The recipe (or a CLI value standing in for a recipe field) is invalid.
+
+    ``problems`` holds every failing field of a recipe as ``(field, message, fix)`` when the
+    schema found several (the first is the error's own field and message)."""
 
     exit_code = 2
+    problems: tuple[tuple[str, str, str | None], ...] = ()
 
 
 class CompatibilityError(ImgfabError):
