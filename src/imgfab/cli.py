@@ -839,11 +839,12 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
               help="Write the lock here instead of recipes/<name>.lock (one recipe).")
 @click.option("--python-version", help="Lock for this Python instead of the stack's (with --output).")
 @click.option("--python-platform", help="Lock for this uv platform, e.g. x86_64-manylinux_2_36 (with --output).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @json_option
 @compat_option
 def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: bool, upgrade: bool,
          index_url: str | None, output: str | None, python_version: str | None,
-         python_platform: str | None, as_json: bool, compat_dir: str | None) -> None:
+         python_platform: str | None, quiet: bool, as_json: bool, compat_dir: str | None) -> None:
     """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock.
 
     --check exits 1 naming each lock that is missing or stale, and 2 naming each current lock
@@ -905,13 +906,18 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
                           fix="lock one recipe per --output")
     from imgfab.errors import CompatibilityError
 
+    from imgfab.progress import for_command
+
     refused = []
     locks: list[dict] = []
+    progress = for_command(quiet=quiet)
     for path in recipes:
         try:
-            result = lock_recipe(path, upgrade=upgrade, index_url=index_url,
-                                 output=Path(output) if output else None, compat_dir=compat_path,
-                                 python=python_version, platform=python_platform)
+            with progress:
+                result = lock_recipe(path, upgrade=upgrade, index_url=index_url,
+                                     output=Path(output) if output else None,
+                                     compat_dir=compat_path, python=python_version,
+                                     platform=python_platform, progress=progress)
         except CompatibilityError as error:  # recorded in the lock; the other recipes go on
             from imgfab.output import error_object
 
@@ -952,15 +958,19 @@ def compat() -> None:
               show_default=True, help="Where the architectures read from wheels are cached.")
 @click.option("--no-fatbin", is_flag=True,
               help="Do not read GPU code from wheels; carry fatbin_* fields over.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @json_option
-def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, as_json: bool) -> None:
+def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, quiet: bool,
+                   as_json: bool) -> None:
     """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata and wheel GPU code."""
     from imgfab.matrix.refresh import refresh
     from imgfab.matrix.wheels import PayloadCache
+    from imgfab.progress import for_command
 
     _json("compat refresh", as_json)
-    read_archs = None if no_fatbin else PayloadCache(Path(payload_cache)).archs
-    changes = refresh(Path(compat_dir), read_archs=read_archs)
+    with for_command(quiet=quiet) as progress:
+        read_archs = None if no_fatbin else PayloadCache(Path(payload_cache), progress=progress).archs
+        changes = refresh(Path(compat_dir), read_archs=read_archs, progress=progress)
     if as_json:
         _emit("compat refresh", compat_dir=compat_dir, changes=list(changes))
         return

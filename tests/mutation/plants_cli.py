@@ -98,4 +98,24 @@ PLANTS += [
     dict(name="cli: a schema example the schema refuses", path="recipe.py",
          old='        examples=["strict", "minor-compat"])', new='        examples=["strict", "minor_compat"])',
          first=FIRST),
+
+]
+
+PROGRESS = ("tests/test_progress.py",)
+PLANTS += [
+    dict(name="cli: plain progress drops a phase's last item", path="progress.py",
+         old="        edge = done <= 1 or done >= total\n", new="        edge = done <= 1\n", first=PROGRESS),
+    dict(name="cli: quiet progress still prints", path="progress.py",
+         old='        if self.mode == "quiet":\n            return\n', new="", first=PROGRESS),
+    dict(name="cli: a pipe gets rich progress", path="progress.py",
+         old="    watched = sys.stdout.isatty() and getattr(stream, \"isatty\", lambda: False)()",
+         new="    watched = True", first=PROGRESS),
+    dict(name="cli: lock -q still shows progress", path="cli.py",
+         old="    progress = for_command(quiet=quiet)\n", new="    progress = for_command(quiet=False)\n",
+         first=PROGRESS),
+    dict(name="cli: lock reports no RECORD reads", path="payload/lock.py",
+         old="        one(package)\n        report(package)\n", new="        one(package)\n", first=PROGRESS),
+    dict(name="cli: refresh reports no vllm release", path="matrix/refresh.py",
+         old='            progress.item("vllm releases", index, len(releases), version)\n', new="",
+         first=PROGRESS),
 ]
