@@ -118,4 +118,16 @@ PLANTS += [
     dict(name="cli: refresh reports no vllm release", path="matrix/refresh.py",
          old='            progress.item("vllm releases", index, len(releases), version)\n', new="",
          first=PROGRESS),
+
+]
+
+STARTUP = ("tests/test_startup.py",)
+PLANTS += [
+    dict(name="cli: render loads the TensorRT-LLM flag tables for every recipe", path="render/context.py",
+         old="from imgfab.render import shapes\n", new="from imgfab.render import shapes, trtllm  # noqa: F401\n",
+         first=STARTUP),
+    dict(name="cli: --help loads the recipe schema", path="cli.py",
+         old="from imgfab.render.shapes import SHAPES\n",
+         new="from imgfab.render.shapes import SHAPES\nfrom imgfab.recipe import Recipe  # noqa: F401\n",
+         first=STARTUP),
 ]
