@@ -230,3 +230,42 @@ def test_list_says_each_recipe_and_its_lock(tmp_path):
     plain = imgfab("list", cwd=REPO)
     assert "recipes/qwen2-7b-h100.yaml: Qwen/Qwen2-7B-Instruct on H100-SXM, vllm, fp8; lock current" in plain.stdout
     assert imgfab("list", str(tmp_path / "none")).returncode == 2
+
+
+def test_init_asks_on_a_terminal(tmp_path):
+    """No flags, a terminal: init prompts for each answer (defaults for backend and
+    precision) and writes what was answered."""
+    import os
+    import pty
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "imgfab.cli", "init", "-o", str(tmp_path / "r.yaml")],
+                               stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, close_fds=True)
+    os.close(slave)
+    answers = iter(["Qwen/Qwen2-7B-Instruct", REVISION, "L40S", "550.54.15", "", "int4_awq"])
+    seen, deadline = b"", time.monotonic() + 120
+    prompts = 0
+    while process.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        seen += chunk
+        while seen.count(b": ") > prompts:  # each prompt ends with ': ' (click.prompt)
+            prompts += 1
+            os.write(master, (next(answers, "") + "\n").encode())
+    process.wait(timeout=60)
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert process.returncode == 0, text
+    for prompt in ("Model", "Pinned revision", "Target GPU", "Fleet's oldest driver", "Backend [vllm]",
+                   "Precision [none]"):
+        assert prompt in text, (prompt, text)
+    data = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    assert data["target"]["gpu"] == "L40S" and data["engine"]["quantization"] == "int4_awq"
+    assert data["backend"]["name"] == "vllm" and data["target"]["driver"] == ">=550.54.15"
