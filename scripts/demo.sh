@@ -29,8 +29,8 @@ LOCK="build/$(basename "$RECIPE" .yaml).stand-in.lock"
 .venv/bin/imgfab lock "$RECIPE" --python-version 3.11 --python-platform x86_64-manylinux_2_36 --output "$LOCK"
 REPORT="build/$(basename "$RECIPE" .yaml).report.json"
 .venv/bin/imgfab build "$RECIPE" --push --lock "$LOCK" --sign-key "$IMGFAB_SIGN_KEY" --json >"$REPORT"
-IMAGE=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["pushed"])' "$REPORT")
-BUNDLE=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["publish"]["bundle"])' "$REPORT")
+IMAGE=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["images"][0]["pushed"])' "$REPORT")
+BUNDLE=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["images"][0]["publish"]["bundle"])' "$REPORT")
 echo "[demo] pushed and signed $IMAGE; deploy bundle in $BUNDLE:"
 ls "$BUNDLE"
 

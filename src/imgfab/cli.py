@@ -22,14 +22,54 @@ from imgfab.render.shapes import SHAPES
 
 class _Context:
     debug = False
+    json_command: str | None = None  # the command answering in JSON (imgfab.output's contract)
+    emitted = False  # its one object has been printed
 
 
 _STATE = _Context()
 
 
 def _fail(error: ImgfabError) -> None:
+    if _STATE.json_command and not _STATE.emitted:  # the failure is inside the one object too
+        from imgfab.output import error_object
+
+        _emit(_STATE.json_command, exit_code=error.exit_code, error=error_object(error))
     click.echo(f"imgfab: {error.one_line()}", err=True)
     sys.exit(error.exit_code)
+
+
+def _json(command: str, as_json: bool) -> bool:
+    """Start ``command``'s JSON answer when ``as_json``: from here a failure prints its object."""
+    if as_json:
+        _STATE.json_command, _STATE.emitted = command, False
+    return as_json
+
+
+def _emit(command: str, *, exit_code: int = 0, error: dict | None = None, **fields) -> None:
+    """Print ``command``'s one JSON object (:func:`imgfab.output.document`), once."""
+    from imgfab.output import document, dumps
+
+    click.echo(dumps(document(command, exit_code=exit_code, error=error, **fields)))
+    _STATE.emitted = True
+
+
+def _emit_failure(command: str, error: ImgfabError, **fields) -> None:
+    """Print ``command``'s object for ``error`` with what the command knew (then re-raise it)."""
+    from imgfab.output import error_object
+
+    _emit(command, exit_code=error.exit_code, error=error_object(error), **fields)
+
+
+def _exit_with(command: str, as_json: bool, code: int, message: str, field: str, fix: str,
+               **fields) -> None:
+    """A check that found the world wrong: its object (with ``fields``) or nothing, then
+    ``message`` as the one stderr line, then exit ``code``."""
+    error = ImgfabError(message, field=field, fix=fix)
+    error.exit_code = code
+    if as_json:
+        _emit_failure(command, error, **fields)
+    click.echo(f"imgfab: {error.one_line()}", err=True)
+    sys.exit(code)
 
 
 def _driver_option(value: str | None, flag: str = "--driver") -> str | None:
@@ -59,27 +99,48 @@ def _load(recipe_path: str, compat_dir: str | None, driver: str | None):
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="imgfab")
 def cli(debug: bool) -> None:
-    """imgfab: recipe → resolved stack → pinned, tested, pushed inference image."""
+    """imgfab: recipe → resolved stack → pinned, tested, pushed inference image.
+
+    Every command takes --json: one object with schema_version and command, the failure
+    inside it too (`imgfab schema --of output` is its JSON Schema)."""
     _STATE.debug = debug
+    _STATE.json_command, _STATE.emitted = None, False
 
 
 compat_option = click.option("--compat-dir", type=click.Path(file_okay=False, exists=True),
                              help="Use this compat/ directory instead of the shipped matrix.")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON object (schema_version, command, ok, error).")
 
 
 @cli.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option("--driver", help="Resolve for this exact host driver instead of the recipe's floor.")
-@click.option("--json", "as_json", is_flag=True, help="Print the stack and rejections as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the stack and every rejection as one JSON object (a failure too).")
 @compat_option
 def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | None) -> None:
     """Print the stack RECIPE resolves to and why each other candidate was rejected."""
     from dataclasses import replace
 
+    from imgfab.errors import CompatibilityError
+    from imgfab.matrix.compat import load_matrix
     from imgfab.payload.lock import committed_lock, served_stack
+    from imgfab.recipe import load_recipe
     from imgfab.report import print_resolution
+    from imgfab.stack.resolve import Host, resolve as resolve_stack
 
-    parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
+    _json("resolve", as_json)
+    host_driver = _driver_option(driver)
+    parsed = load_recipe(recipe)
+    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    try:
+        resolution = resolve_stack(parsed, matrix, Host(driver=host_driver) if host_driver else None)
+    except CompatibilityError as error:
+        if as_json:  # every candidate and the constraint that eliminated it
+            _emit_failure("resolve", error, stack=None, rejected=error.rejected,
+                          dropped_at_load=[list(d) for d in matrix.dropped])
+        raise
     # The image's arch label as its committed lock's cubin cut leaves it (what a build labels).
     lock = committed_lock(recipe, parsed, resolution.stack, Path(compat_dir) if compat_dir else None)
     served = served_stack(resolution.stack, lock)
@@ -89,10 +150,9 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
                 f"{' '.join(lock.cubins_cut)}, which {served.gpu} cannot run")  # type: ignore[union-attr]
         resolution = replace(resolution, stack=replace(served, notes=served.notes + (note,)))
     if as_json:
-        click.echo(json.dumps({"stack": resolution.stack.to_dict(),
-                               "rejected": [r.__dict__ for r in resolution.rejections],
-                               "dropped_at_load": [list(d) for d in matrix.dropped]},
-                              indent=2, sort_keys=True))
+        _emit("resolve", stack=resolution.stack.to_dict(),
+              rejected=[dict(r.__dict__) for r in resolution.rejections],
+              dropped_at_load=[list(d) for d in matrix.dropped])
     else:
         print_resolution(resolution)
 
@@ -109,9 +169,10 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
 @click.option("--unlocked", is_flag=True,
               help="Render without a fresh, installable lock, to read the context: its "
                    "requirements.lock says `not locked` and the context does not build.")
+@json_option
 @compat_option
 def render(recipe: str, output: str | None, driver: str | None, force: bool,
-           registry_host: str | None, unlocked: bool, compat_dir: str | None) -> None:
+           registry_host: str | None, unlocked: bool, as_json: bool, compat_dir: str | None) -> None:
     """Render RECIPE's build context: Dockerfile, lock file, run artifacts.
 
     The context installs the recipe's committed lock, which must be fresh and installable (as
@@ -122,6 +183,7 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
     from imgfab.render.context import render_context, write_context
     from imgfab.render.source import source_of
 
+    _json("render", as_json)
     parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
     compat_path = Path(compat_dir) if compat_dir else None
     lock = committed_lock(recipe, parsed, resolution.stack, compat_path)
@@ -141,7 +203,10 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
     except OSError as exc:
         raise ImgfabError(f"cannot write {target}: {exc.strerror or exc}", field="--output",
                           fix="check the path and the free space") from None
-    click.echo(f"rendered {len(files)} files into {target}")
+    if as_json:
+        _emit("render", recipe=recipe, output=str(target), files=sorted(files), locked=lock is not None)
+    else:
+        click.echo(f"rendered {len(files)} files into {target}")
     if lock is None:
         click.echo(f"imgfab: note: {target}/requirements.lock is not locked (the committed lock is "
                    f"missing, stale or refused): this context does not build", err=True)
@@ -151,11 +216,12 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
 @click.option("--gpu", required=True, help="GPU name or alias, e.g. H100, L40S, A100-80GB, or the name "
                                            "nvidia-smi prints (NVIDIA H100 80GB HBM3).")
 @click.option("--driver", required=True, help="Host driver version, e.g. 550.54.15.")
-@click.option("--policy", type=click.Choice(["strict", "minor-compat"]), default="strict",
-              show_default=True, help="Driver policy to evaluate under.")
+@click.option("--policy", type=click.Choice(["strict", "minor-compat", "forward-compat"]),
+              default="strict", show_default=True,
+              help="Driver policy to evaluate under (as target.driver_policy).")
 @click.option("--precision", default="auto", show_default=True,
               help="Precision to check (fp8, int4_awq, nvfp4, ...).")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @compat_option
 def matrix(gpu: str, driver: str, policy: str, precision: str, as_json: bool,
            compat_dir: str | None) -> None:
@@ -164,39 +230,264 @@ def matrix(gpu: str, driver: str, policy: str, precision: str, as_json: bool,
     from imgfab.report import print_host_fit
     from imgfab.stack.resolve import fits_host
 
+    _json("matrix", as_json)
     loaded = load_matrix(Path(compat_dir) if compat_dir else None)
     rows = fits_host(loaded, gpu, _driver_option(driver) or driver, policy, precision)
     if as_json:
-        click.echo(json.dumps([{
-            "backend": r.backend, "version": r.version,
-            "fits": f is not None,
-            "cuda": f["toolkit"].version if f else None,
-            "os": f["os"].name if f else None,
-            "driver_floor": f["floor"] if f else None,
-            "rejected": [x.__dict__ for x in fails]} for r, f, fails in rows], indent=2))
+        _emit("matrix", host={"gpu": gpu, "driver": driver, "policy": policy, "precision": precision},
+              stacks=[{"backend": r.backend, "version": r.version, "fits": f is not None,
+                       "cuda": f["toolkit"].version if f else None,
+                       "os": f["os"].name if f else None,
+                       "driver_floor": f["floor"] if f else None,
+                       "rejected": [dict(x.__dict__) for x in fails]} for r, f, fails in rows])
     else:
         print_host_fit(loaded, gpu, driver, policy, rows)
 
 
 @cli.command()
-def schema() -> None:
-    """Print the recipe JSON Schema (for editors)."""
-    from imgfab.recipe import recipe_json_schema
+@click.option("--of", "kind", type=click.Choice(["recipe", "output"]), default="recipe",
+              show_default=True,
+              help="recipe: the recipe files' schema (for editors); output: every command's --json object.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Write the schema to this file (atomically) instead of stdout.")
+@json_option
+def schema(kind: str, output: str | None, as_json: bool) -> None:
+    """Print (or write) a JSON Schema: the recipe's, or the --json contract's."""
+    _json("schema", as_json)
+    if kind == "recipe":
+        from imgfab.recipe import recipe_json_schema
 
-    click.echo(json.dumps(recipe_json_schema(), indent=2, sort_keys=True))
+        document = recipe_json_schema()
+    else:
+        from imgfab.output import output_schema
+
+        document = output_schema()
+    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    if output:
+        from imgfab.output import write_atomically
+
+        try:
+            write_atomically(Path(output), text)
+        except OSError as exc:
+            raise ImgfabError(f"cannot write {output}: {exc.strerror or exc}", field="--output",
+                              fix="name a file in a directory that exists and is writable") from None
+    if as_json:
+        _emit("schema", of=kind, output=output, schema=None if output else document)
+    elif output:
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
 
 
 @cli.command()
 @click.argument("recipes", nargs=-1, type=click.Path(dir_okay=False))
+@json_option
 @compat_option
-def bases(recipes: tuple[str, ...], compat_dir: str | None) -> None:
+def bases(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) -> None:
     """Print the upstream base images RECIPES resolve to, one per line (for mirroring)."""
+    _json("bases", as_json)
     refs: set[str] = set()
     for path in recipes:
         _, _, resolution = _load(path, compat_dir, None)
         refs.update((resolution.stack.builder_image, resolution.stack.runtime_image))
+    if as_json:
+        _emit("bases", images=sorted(refs))
+        return
     for ref in sorted(refs):
         click.echo(ref)
+
+
+def _ask(value: str | None, flag: str, prompt: str, *, default: str | None = None,
+         fix: str) -> str:
+    """``value``, else a prompt on a terminal, else ``default``; without any: exit 2 naming ``flag``."""
+    if value:
+        return value
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return click.prompt(prompt, default=default)
+    if default is not None:
+        return default
+    raise RecipeError(f"{flag} is needed (no terminal to ask on)", field=flag, fix=fix)
+
+
+@cli.command()
+@click.option("--model", help="Hugging Face model id (org/name) or an absolute local path.")
+@click.option("--revision", help="The model's pinned commit (40 hex digits; needed for a hub id).")
+@click.option("--gpu", help="Target GPU: a compat/gpus.yaml name or alias (H100, L40S, ...).")
+@click.option("--driver", help="The fleet's oldest driver version, e.g. 535.104.05.")
+@click.option("--backend", type=click.Choice(["vllm", "tensorrt-llm"]), help="Inference server (default vllm).")
+@click.option("--precision", type=click.Choice(["none", "bfloat16", "float16", "fp8", "int8_sq",
+                                                 "int4_awq", "nvfp4"]),
+              help="Quantization, or the dtype without one (default none: bfloat16).")
+@click.option("--policy", type=click.Choice(["strict", "minor-compat", "forward-compat"]),
+              help="Driver policy (target.driver_policy; default strict, or minor-compat when "
+                   "only that fits the driver).")
+@click.option("--name", help="Recipe name (default: from the model and the GPU).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Where to write it (default recipes/<name>.yaml).")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+@json_option
+@compat_option
+def init(model: str | None, revision: str | None, gpu: str | None, driver: str | None,
+         backend: str | None, precision: str | None, policy: str | None, name: str | None,
+         output: str | None, force: bool, as_json: bool, compat_dir: str | None) -> None:
+    """Write a commented starter recipe from flags (or prompts on a terminal), resolved as it is
+    written: a recipe no stack fits is not written. Never replaces a file without --force."""
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.output import write_atomically
+    from imgfab.render.starter import StarterAnswers, starter_name, starter_recipe
+
+    _json("init", as_json)
+    model = _ask(model, "--model", "Model (Hugging Face id or absolute path)",
+                 fix="e.g. --model Qwen/Qwen2-7B-Instruct")
+    if not model.startswith("/"):
+        revision = _ask(revision, "--revision", "Pinned revision (40-hex commit)",
+                        fix="copy the 40-hex commit from the model's 'Files and versions' history")
+    gpu = _ask(gpu, "--gpu", "Target GPU", fix="e.g. --gpu H100-SXM (imgfab explain target.gpu)")
+    driver = _driver_option(_ask(driver, "--driver", "Fleet's oldest driver",
+                                 fix="e.g. --driver 535.104.05 (what nvidia-smi prints)"))
+    backend = _ask(backend, "--backend", "Backend", default="vllm", fix="vllm or tensorrt-llm")
+    precision = _ask(precision, "--precision", "Precision", default="none",
+                     fix="none, fp8, int8_sq, int4_awq or nvfp4")
+    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    known = matrix.host_gpu(gpu, field="--gpu")  # a matrix name, alias or nvidia-smi's name
+    answers = StarterAnswers(model=model, revision=revision, gpu=known.name,
+                             driver=driver or "", backend=backend, precision=precision,
+                             policy=policy, name=name)
+    target = Path(output) if output else \
+        Path("recipes") / f"{name or starter_name(model, answers.gpu)}.yaml"
+    text, recipe, resolution = starter_recipe(answers, matrix, str(target))
+    try:  # no-clobber in the write itself: a file that appears meanwhile is not replaced either
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target, text, replace=force)
+    except FileExistsError:
+        raise RecipeError(f"{target} exists", field="--output",
+                          fix="pass --force to replace it, or --output another file") from None
+    except OSError as exc:
+        raise ImgfabError(f"cannot write {target}: {exc.strerror or exc}", field="--output",
+                          fix="check the path and the free space") from None
+    stack = resolution.stack
+    if as_json:
+        _emit("init", recipe=str(target), stack=stack.to_dict())
+        return
+    click.echo(f"wrote {target}: {recipe.name} resolves to {stack.backend} {stack.backend_version}, "
+               f"CUDA {stack.cuda} on {stack.os}, driver floor {stack.driver_floor} "
+               f"({recipe.target.driver_policy})")
+    click.echo(f"next: imgfab lock {target} && imgfab build {target}")
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@json_option
+@compat_option
+def validate(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) -> None:
+    """Check RECIPES without rendering: every failing field of each, then whether a stack fits.
+    Exit 2 when any recipe fails."""
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.output import error_object
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.resolve import resolve as resolve_stack
+
+    _json("validate", as_json)
+    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    checked = []
+    for path in recipes:
+        errors: list[dict] = []
+        try:
+            resolve_stack(load_recipe(path), matrix)
+        except RecipeError as error:
+            problems = error.problems or ((error.field or "recipe", error.message, error.fix),)
+            errors = [error_object(RecipeError(m, field=f, fix=x)) for f, m, x in problems]
+        except ImgfabError as error:
+            errors = [error_object(error)]
+        checked.append({"path": path, "ok": not errors, "errors": errors})
+        if not as_json:
+            click.echo(f"{path}: ok" if not errors else f"{path}: {len(errors)} problem(s)")
+            for error in errors:
+                click.echo(f"  {error['line']}")
+    failed = [c["path"] for c in checked if not c["ok"]]
+    if failed:
+        _exit_with("validate", as_json, 2, f"{len(failed)} of {len(checked)} recipes fail: "
+                   f"{', '.join(failed)}", "validate", "fix each field named above", recipes=checked)
+    if as_json:
+        _emit("validate", recipes=checked)
+
+
+@cli.command("list")
+@click.argument("directory", default="recipes", type=click.Path(file_okay=False))
+@json_option
+@compat_option
+def list_recipes(directory: str, as_json: bool, compat_dir: str | None) -> None:
+    """List the recipes in DIRECTORY (default recipes/): model, GPU, backend, precision and
+    whether each one's committed lock is current."""
+    from imgfab.output import error_object
+    from imgfab.payload.lock import check_lock
+    from imgfab.recipe import load_recipe
+
+    _json("list", as_json)
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise RecipeError(f"{directory} is not a directory", field="DIRECTORY",
+                          fix="name the folder that holds the recipes (default recipes/)")
+    compat_path = Path(compat_dir) if compat_dir else None
+    rows = []
+    for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml")):
+        row = {"path": str(path), "name": None, "model": None, "gpu": None, "backend": None,
+               "precision": None, "lock": "invalid", "error": None}
+        try:
+            recipe = load_recipe(path)
+            row.update(name=recipe.name, model=recipe.model.id, gpu=recipe.target.gpu,
+                       backend=str(getattr(recipe.backend.name, "value", recipe.backend.name)),
+                       precision=str(getattr(recipe.engine.quantization, "value",
+                                             recipe.engine.quantization)))
+            result = check_lock(str(path), compat_path)
+            row["lock"] = ("missing" if result.problem == "missing" else "stale") \
+                if result.problem else ("refused" if result.refused else "current")
+        except ImgfabError as error:
+            row["error"] = error_object(error)
+        rows.append(row)
+    if as_json:
+        _emit("list", directory=directory, recipes=rows)
+        return
+    for row in rows:
+        if row["error"]:
+            click.echo(f"{row['path']}: {row['error']['line']}")
+        else:
+            click.echo(f"{row['path']}: {row['model']} on {row['gpu']}, {row['backend']}, "
+                       f"{row['precision']}; lock {row['lock']}")
+
+
+@cli.command()
+@click.argument("field", required=False)
+@json_option
+def explain(field: str | None, as_json: bool) -> None:
+    """Explain a recipe FIELD (e.g. engine.quantization): what it means, its type, default,
+    choices and examples. Without FIELD: every field, one line each."""
+    from imgfab.recipe import ALIASES, recipe_fields
+
+    _json("explain", as_json)
+    fields = recipe_fields()
+    if field is None:
+        if as_json:
+            raise RecipeError("explain --json answers one field", field="FIELD",
+                              fix="e.g. imgfab explain engine.quantization --json")
+        for path, info in fields.items():
+            click.echo(f"{path}: {info['description']}")
+        return
+    info = fields.get(field.strip())
+    if info is None:
+        close = [p for p in fields if p.rsplit(".", 1)[-1] == field.rsplit(".", 1)[-1]]
+        raise RecipeError(f"{field!r} is not a recipe field", field="FIELD",
+                          fix=f"did you mean {' or '.join(close)}?" if close else
+                          "`imgfab explain` lists every field")
+    if as_json:
+        _emit("explain", field=field, **info)
+        return
+    click.echo(f"{field}: {info['description']}")
+    for key in ("type", "choices", "default", "examples"):
+        if info.get(key) not in (None, []):
+            click.echo(f"  {key}: {json.dumps(info[key], ensure_ascii=False)}")
+    for typed, (exact, meaning) in sorted(ALIASES.get(field, {}).items()):
+        click.echo(f"  {typed!r} is written {exact} ({meaning})" if exact else f"  {typed!r}: {meaning}")
 
 
 def _host_gpu(driver: str | None, gpu: str | None):
@@ -218,7 +509,7 @@ def _host_gpu(driver: str | None, gpu: str | None):
 @click.option("--model", help="Only images of this recipe name prefix or model id.")
 @click.option("--backend", type=click.Choice(["vllm", "tensorrt-llm"]))
 @click.option("--explain", is_flag=True, help="Every published tag and why it was or was not chosen.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @click.option("--verify-key", type=click.Path(dir_okay=False),
               help="Only images signed by this cosign public key, with their SBOM and provenance "
                    "attested (a key-signed image is checked without a transparency log unless --tlog).")
@@ -235,6 +526,7 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     from imgfab.matrix.compat import load_matrix
     from imgfab.ops.select import Published, advisory_lines, choose, choose_verified, what_host_needs
 
+    _json("select", as_json)
     trust = None
     if verify_key or certificate_identity or certificate_oidc_issuer:
         from imgfab.supply.cosign import Trust, cosign_binary
@@ -268,13 +560,23 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
 
         best, candidates = choose_verified(images, host, problems, model=model, backend=backend)
     advisories = advisory_lines(load_matrix(), best, candidates) if best else []
+    error = None
+    if best is None:
+        nearest = ", ".join(c.tag for c in candidates[:3]) or "none"
+        error = CompatibilityError(
+            f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}) with driver "
+            f"{host.driver}; nearest: {nearest}", field="select",
+            fix=f"the host would need {what_host_needs(candidates, host)}")
+        error.exit_code = 1
     if as_json:
-        click.echo(json.dumps({"host": host.__dict__, "selected": best.image.reference if best else None,
-                               "advisories": advisories,
-                               "candidates": [{"tag": c.image.tag, "reference": c.image.reference,
-                                               "fits": c.fits, "reason": c.reason(),
-                                               "pull_requires": c.pull_requires} for c in candidates]},
-                              indent=2))
+        from imgfab.output import error_object
+
+        _emit("select", exit_code=error.exit_code if error else 0,
+              error=error_object(error) if error else None, host=dict(host.__dict__),
+              selected=best.image.reference if best else None, advisories=advisories,
+              candidates=[{"tag": c.image.tag, "reference": c.image.reference, "fits": c.fits,
+                           "reason": c.reason(), "pull_requires": c.pull_requires,
+                           **c.rejection()} for c in candidates])
     elif explain:
         if host.seen:
             click.echo(f"host: {host.gpu} (cc {host.compute_capability}), driver {host.driver}; "
@@ -283,13 +585,7 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
             pull = f" (pull needs {candidate.pull_requires})" if candidate.pull_requires else ""
             click.echo(f"{mark} {candidate.tag}: {candidate.reason()}{pull}")
-    if best is None:
-        nearest = ", ".join(c.tag for c in candidates[:3]) or "none"
-        error = CompatibilityError(
-            f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}) with driver "
-            f"{host.driver}; nearest: {nearest}", field="select",
-            fix=f"the host would need {what_host_needs(candidates, host)}")
-        error.exit_code = 1
+    if error is not None:
         raise error
     if not as_json:
         if best.pull_note():  # stderr: stdout stays the one reference scripts read
@@ -346,7 +642,7 @@ def _publish():
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health, per shape.")
 @click.option("--no-memlock", is_flag=True,
               help="Keep the engine's memlock ulimit (for engines that cannot raise it, e.g. nested in a container).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for CI).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object (for CI).")
 def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: str | None,
           shape_names: tuple[str, ...], gpus: str, devices: tuple[str, ...],
           extra_mounts: tuple[str, ...], extra_env: tuple[str, ...], network: str,
@@ -355,6 +651,7 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
     /v1/completions and /v1/chat/completions (streamed), and report each shape."""
     from imgfab.ops.smoke_shapes import smoke_command
 
+    _json("smoke", as_json)
     if bool(weights) == synthetic_model:
         raise RecipeError("give either --weights DIR or --synthetic-model", field="--weights",
                           fix="--synthetic-model proves start-up and serving without the weights")
@@ -373,7 +670,12 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
         network=None if network == "bridge" else network, cache_volume=cache_volume,
         timeout_s=timeout_s, memlock=not no_memlock)
     if as_json:
-        click.echo(report.to_json())
+        fields = json.loads(report.to_json())
+        if not report.passed:
+            failed = [s.shape for s in report.shapes if not s.passed]
+            _exit_with("smoke", True, 1, f"smoke of {image} failed in {', '.join(failed) or 'every shape'}",
+                       "smoke", "see each shape's failures and the container log", **fields)
+        _emit("smoke", **fields)
     else:
         if report.synthetic:
             click.echo(f"weights: {report.weights}")
@@ -391,12 +693,13 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
 
 @cli.command()
 @click.option("--image", help="Also check whether IMAGE (registry reference) will run here, without pulling it.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def doctor(image: str | None, as_json: bool) -> None:
     """Check this host for what GPU inference images need; each finding with its fix."""
     from imgfab.ops import doctor as checks
     from imgfab.docker import engine
 
+    _json("doctor", as_json)
     labels = None
     if image:
         from imgfab.docker import registry
@@ -407,12 +710,18 @@ def doctor(image: str | None, as_json: bool) -> None:
 
     findings = checks.diagnose(checks.live_view(engine.docker_info, engine.buildx_version), image_labels=labels,
                                matrix=load_matrix())
+    code = checks.exit_code(findings)
     if as_json:
-        click.echo(checks.to_json(findings))
+        fields = {"findings": json.loads(checks.to_json(findings))}
+        if code:
+            failing = [f.check for f in findings if f.severity == "error"]
+            _exit_with("doctor", True, code, f"{len(failing)} finding(s) failed: {', '.join(failing)}",
+                       "doctor", "each failing finding says its fix", **fields)
+        _emit("doctor", **fields)
     else:
         for finding in findings:
             click.echo(finding.line())
-    sys.exit(checks.exit_code(findings))
+    sys.exit(code)
 
 
 @cli.command()
@@ -430,7 +739,9 @@ def doctor(image: str | None, as_json: bool) -> None:
 @click.option("--registry", envvar="IMGFAB_REGISTRY", help="Registry HOST[:PORT] to tag and push to.")
 @click.option("--registry-user", help="Registry user (default IMGFAB_REGISTRY_USER or docker login).")
 @click.option("--password-stdin", is_flag=True, help="Read the registry password from stdin.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object at the end, a failure too: images[] holds each recipe "
+                   "(one or several), a failed one with its step and error.")
 @click.option("--bake", "bake_file", type=click.Path(dir_okay=False),
               help="Write a docker buildx bake file for RECIPES instead of building.")
 @click.option("--smoke", is_flag=True, help="Smoke-test the image (needs --weights); failure blocks --push.")
@@ -464,6 +775,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool,
           compression: str | None, lock_file: str | None, retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
+    _json("build", as_json)
     if lock_file and len(recipes) != 1:
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="build one recipe per --lock")
@@ -471,7 +783,10 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         from imgfab.render.bake import write_bake
 
         written = write_bake(list(recipes), Path(bake_file), mirror=mirror, registry=registry)
-        click.echo(f"wrote {written}")
+        if as_json:
+            _emit("build", images=[], bake=str(written), not_built=[])
+        else:
+            click.echo(f"wrote {written}")
         return
     from imgfab.docker.build import BuildOptions, BuildProgress, build_recipe
 
@@ -489,14 +804,23 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            lock=Path(lock_file) if lock_file else None, no_cache=no_cache,
                            compression=compression, retag=retag, sign_key=Path(sign_key) if sign_key and push else None,
                            publish_hook=_publish() if push else None)
-    results = []
-    for path in recipes:
+    images: list[dict] = []
+    for index, path in enumerate(recipes):
         context = None
         if output:
             context = Path(output) if len(recipes) == 1 else Path(output) / Path(path).stem
-        with BuildProgress(Path(path).name, rich_ui=not as_json) as progress:
-            built = build_recipe(path, options, on_line=progress.line, context_dir=context)
-        results.append(built)
+        try:
+            with BuildProgress(Path(path).name, rich_ui=not as_json) as progress:
+                built = build_recipe(path, options, on_line=progress.line, context_dir=context)
+        except ImgfabError as error:
+            if as_json:  # what was built, this recipe's failing step, what was not reached
+                from imgfab.output import error_object
+
+                failed = {"path": path, "ok": False, "error": error_object(error)}
+                _emit_failure("build", error, images=[*images, failed], bake=None,
+                              not_built=list(recipes[index + 1:]))
+            raise
+        images.append({"path": path, "ok": True, **built.to_dict()})
         if not as_json:
             cached = ", ".join(f"{stage} {c}/{n}" for stage, (c, n) in built.cached_by_stage.items())
             click.echo(f"built {built.tags[0]} ({built.image_id[:19]}, "
@@ -509,9 +833,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                 for note in built.publish.get("notes", []):
                     click.echo(f"note: {note}", err=True)
     if as_json:
-        payload = results[0].to_dict() if len(results) == 1 else \
-            {"images": [r.to_dict() for r in results]}
-        click.echo(json.dumps(payload, indent=2, sort_keys=True))
+        _emit("build", images=images, bake=None, not_built=[])
 
 
 @cli.command()
@@ -529,16 +851,19 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
               help="Write the lock here instead of recipes/<name>.lock (one recipe).")
 @click.option("--python-version", help="Lock for this Python instead of the stack's (with --output).")
 @click.option("--python-platform", help="Lock for this uv platform, e.g. x86_64-manylinux_2_36 (with --output).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@json_option
 @compat_option
 def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: bool, upgrade: bool,
          index_url: str | None, output: str | None, python_version: str | None,
-         python_platform: str | None, compat_dir: str | None) -> None:
+         python_platform: str | None, quiet: bool, as_json: bool, compat_dir: str | None) -> None:
     """Pin each RECIPE's whole payload with hashes into recipes/<name>.lock.
 
     --check exits 1 naming each lock that is missing or stale, and 2 naming each current lock
     that records a refusal (that recipe cannot build) unless --allow-refused."""
     from imgfab.payload.lock import check_lock, lock_recipe
 
+    _json("lock", as_json)
     compat_path = Path(compat_dir) if compat_dir else None
     if online and not check:
         raise RecipeError("--online is a kind of --check", field="--online", fix="imgfab lock --check --online RECIPE")
@@ -550,8 +875,14 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
 
         failed = []
         refused = []
+        checks = []
         for path in recipes:
             result = check_lock(path, compat_path)
+            entry = {"path": path, "recipe": result.recipe, "lock": str(result.path),
+                     "current": not result.problem, "problem": result.problem or None,
+                     "refused": result.refused or None, "note": result.note or None,
+                     "online_hashes": None}
+            checks.append(entry)
             if result.problem:
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
                 continue
@@ -560,36 +891,56 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             compared = ""
             if online and result.lock is not None and result.lock.packages:
                 count = check_online(result.lock, index_url=index_url, source=result.path.name)
+                entry["online_hashes"] = count
                 compared = f"; {count} hashes match the index"
+            if as_json:
+                continue
             if result.note:
                 click.echo(f"{result.recipe}: lock current{compared}; {result.note}")
             else:
                 click.echo(f"{result.recipe}: lock current{compared}")
+        missing = (f"missing or stale: {'; '.join(failed)}", "lock",
+                   "run `imgfab lock RECIPE` and commit the lock")
+        if refused:  # exit 2 wins; a missing or stale lock beside it still gets its line
+            if failed:
+                click.echo(f"imgfab: {ImgfabError(*missing[:1], field='lock', fix=missing[2]).one_line()}",
+                           err=True)
+            _exit_with("lock", as_json, 2, f"refused, cannot build: {', '.join(refused)}", "lock",
+                       "lock them where their indexes answer, or pass --allow-refused to accept "
+                       "the recorded refusals", check=True, locks=checks)
         if failed:
-            click.echo(f"imgfab: lock: missing or stale: {'; '.join(failed)}; fix: run "
-                       f"`imgfab lock RECIPE` and commit the lock", err=True)
-        if refused:
-            click.echo(f"imgfab: lock: refused, cannot build: {', '.join(refused)}; fix: lock them "
-                       f"where their indexes answer, or pass --allow-refused to accept the "
-                       f"recorded refusals", err=True)
-            sys.exit(2)
-        if failed:
-            sys.exit(1)
+            _exit_with("lock", as_json, 1, *missing, check=True, locks=checks)
+        if as_json:
+            _emit("lock", check=True, locks=checks)
         return
     if output and len(recipes) != 1:
         raise RecipeError("--output names the lock of one recipe", field="--output",
                           fix="lock one recipe per --output")
     from imgfab.errors import CompatibilityError
 
+    from imgfab.progress import for_command
+
     refused = []
+    locks: list[dict] = []
+    progress = for_command(quiet=quiet)
     for path in recipes:
         try:
-            result = lock_recipe(path, upgrade=upgrade, index_url=index_url,
-                                 output=Path(output) if output else None, compat_dir=compat_path,
-                                 python=python_version, platform=python_platform)
+            with progress:
+                result = lock_recipe(path, upgrade=upgrade, index_url=index_url,
+                                     output=Path(output) if output else None,
+                                     compat_dir=compat_path, python=python_version,
+                                     platform=python_platform, progress=progress)
         except CompatibilityError as error:  # recorded in the lock; the other recipes go on
+            from imgfab.output import error_object
+
             click.echo(f"imgfab: {error.one_line()}", err=True)
             refused.append(error)
+            locks.append({"path": path, "lock": None, "written": None, "packages": None,
+                          "diff": [], "error": error_object(error)})
+            continue
+        locks.append({"path": path, "lock": str(result.path), "written": result.written,
+                      "packages": len(result.lock.packages), "diff": list(result.diff), "error": None})
+        if as_json:
             continue
         if not result.written:
             click.echo(f"{result.path}: current ({len(result.lock.packages)} packages)")
@@ -600,7 +951,11 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
         if not result.diff:
             click.echo("  no package changed")
     if refused:
+        if as_json:
+            _emit_failure("lock", refused[0], check=False, locks=locks)
         sys.exit(refused[0].exit_code)
+    if as_json:
+        _emit("lock", check=False, locks=locks)
 
 
 @cli.group()
@@ -615,13 +970,22 @@ def compat() -> None:
               show_default=True, help="Where the architectures read from wheels are cached.")
 @click.option("--no-fatbin", is_flag=True,
               help="Do not read GPU code from wheels; carry fatbin_* fields over.")
-def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@json_option
+def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, quiet: bool,
+                   as_json: bool) -> None:
     """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata and wheel GPU code."""
     from imgfab.matrix.refresh import refresh
     from imgfab.matrix.wheels import PayloadCache
+    from imgfab.progress import for_command
 
-    read_archs = None if no_fatbin else PayloadCache(Path(payload_cache)).archs
-    changes = refresh(Path(compat_dir), read_archs=read_archs)
+    _json("compat refresh", as_json)
+    with for_command(quiet=quiet) as progress:
+        read_archs = None if no_fatbin else PayloadCache(Path(payload_cache), progress=progress).archs
+        changes = refresh(Path(compat_dir), read_archs=read_archs, progress=progress)
+    if as_json:
+        _emit("compat refresh", compat_dir=compat_dir, changes=list(changes))
+        return
     for line in changes:
         click.echo(line)
     if not changes:
@@ -637,17 +1001,23 @@ def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool) -> None
               help="Tries for transient failures (never for refused credentials).")
 @click.option("--retag", is_flag=True,
               help="Move the tag when the registry's tag already names another image.")
+@json_option
 def push(image: str, registry_host: str, registry_user: str | None, password_stdin: bool,
-         attempts: int, retag: bool) -> None:
+         attempts: int, retag: bool, as_json: bool) -> None:
     """Push local IMAGE to REGISTRY (same repository and tag); print the digest reference."""
     from imgfab.docker.registry import Credentials, push as push_to_registry, retarget
 
+    _json("push", as_json)
     password = sys.stdin.read().rstrip("\r\n") if password_stdin else None
     target = retarget(image, registry_host)
     credentials = Credentials.load(registry_host, registry_user, password)
-    click.echo(push_to_registry(image, target, credentials=credentials, attempts=attempts,
-                                retag=retag, on_line=lambda line: click.echo(line, err=True)
-                                if line.startswith(("retrying", "--retag")) else None))
+    pushed = push_to_registry(image, target, credentials=credentials, attempts=attempts,
+                              retag=retag, on_line=lambda line: click.echo(line, err=True)
+                              if line.startswith(("retrying", "--retag")) else None)
+    if as_json:
+        _emit("push", image=image, target=target, pushed=pushed)
+    else:
+        click.echo(pushed)
 
 
 @cli.command()
@@ -656,17 +1026,21 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
 @click.option("--sign-key", type=click.Path(dir_okay=False),
               help="Sign the promoted reference with this cosign key.")
 @click.option("--retag", is_flag=True, help="Move --to's tag when it already names another image.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json: bool) -> None:
     """Copy IMAGE (REG/REPO@sha256:…, what passed) to --to by digest, with its attestations:
     oras cp, never a rebuild. Prints the promoted digest reference."""
     from imgfab.supply.promote import promote as promote_image
 
+    _json("promote", as_json)
     if sign_key and not Path(sign_key).is_file():
         raise RecipeError(f"{sign_key} is not a file", field="--sign-key",
                           fix="give a cosign private key (cosign generate-key-pair)")
     done = promote_image(image, target, sign_key=Path(sign_key) if sign_key else None, retag=retag)
-    click.echo(json.dumps(done.to_dict(), indent=2, sort_keys=True) if as_json else done.promoted)
+    if as_json:
+        _emit("promote", **done.to_dict())
+    else:
+        click.echo(done.promoted)
 
 
 @cli.command()
@@ -679,17 +1053,22 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
               help="Registry the tags point at (default: $IMGFAB_REGISTRY).")
 @click.option("--lock-dir", type=click.Path(file_okay=False, exists=True),
               help="Take each recipe's lock as DIR/<name>.lock (default: its committed, fresh lock).")
+@json_option
 @compat_option
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
-         lock_dir: str | None, compat_dir: str | None) -> None:
+         lock_dir: str | None, as_json: bool, compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
     from imgfab.render.bake import write_bake
 
+    _json("bake", as_json)
     written = write_bake(list(recipes), Path(output), mirror=mirror or None,
                          registry=registry_host or None,
                          compat_dir=Path(compat_dir) if compat_dir else None,
                          lock_dir=Path(lock_dir) if lock_dir else None)
-    click.echo(f"wrote {written}")
+    if as_json:
+        _emit("bake", output=str(written), recipes=list(recipes))
+    else:
+        click.echo(f"wrote {written}")
 
 
 @cli.group()
@@ -704,13 +1083,21 @@ def ci() -> None:
                    "repository owner).")
 @click.option("--gpu-runner", help="Self-hosted GPU runner label for TensorRT engine recipes "
                                    "(default: build them with --engine-at-start).")
-def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None) -> None:
+@json_option
+def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None,
+              as_json: bool) -> None:
     """Print a GitHub Actions workflow: one job per recipe, push on v* tags."""
     from imgfab.render.ci import workflow_plan, workflow_text
 
+    _json("ci github", as_json)
     workflow, left_out = workflow_plan(list(recipes) or None, registry=registry_host,
                                        gpu_runner=gpu_runner)
-    click.echo(workflow_text(workflow, left_out), nl=False)
+    text = workflow_text(workflow, left_out)
+    if as_json:
+        _emit("ci github", workflow=text,
+              left_out=[{"path": str(p), "refused": str(left_out[p])} for p in sorted(left_out)])
+    else:
+        click.echo(text, nl=False)
     for path in sorted(left_out):
         click.echo(f"imgfab: note: ci github: left out {path}: its lock records a refusal, it "
                    f"cannot build; fix: lock it where its indexes answer", err=True)
@@ -726,8 +1113,31 @@ def _usage_line(error: click.ClickException) -> str:
 
 def _interrupted(interrupt: KeyboardInterrupt) -> None:
     """Exit ``128 + signum`` after a signal, once its clean-up has run on the way out."""
+    code = interrupts.exit_code(interrupt)
+    if _STATE.json_command and not _STATE.emitted:
+        _emit_failure(_STATE.json_command, _coded(ImgfabError(
+            f"stopped by {interrupts.signal_name(interrupt)}", fix="run the command again"), code))
     click.echo(f"imgfab: stopped by {interrupts.signal_name(interrupt)}", err=True)
-    sys.exit(interrupts.exit_code(interrupt))
+    sys.exit(code)
+
+
+def _coded(error: ImgfabError, code: int) -> ImgfabError:
+    error.exit_code = code
+    return error
+
+
+def _json_usage_error(error: click.ClickException, line: str) -> None:
+    """A usage error of a command given --json: its object too (the command as typed)."""
+    words = []
+    context = getattr(error, "ctx", None)
+    while context is not None and context.parent is not None:  # the root's name is the program's
+        words.insert(0, context.info_name)
+        context = context.parent
+    if words and not _STATE.emitted:
+        from imgfab.output import error_object
+
+        failure = _coded(RecipeError(error.format_message().rstrip(".")), 2)
+        _emit(" ".join(words), exit_code=2, error={**error_object(failure), "line": line})
 
 
 def main() -> None:
@@ -746,15 +1156,21 @@ def main() -> None:
         click.echo("imgfab: aborted", err=True)
         sys.exit(1)
     except click.ClickException as error:  # usage errors: one line, exit 2, like ours
-        click.echo(f"imgfab: {_usage_line(error)}", err=True)
+        line = _usage_line(error)
+        if "--json" in sys.argv[1:]:
+            _json_usage_error(error, line)
+        click.echo(f"imgfab: {line}", err=True)
         sys.exit(2)
     except KeyboardInterrupt as interrupt:
         _interrupted(interrupt)
     except Exception as error:  # a bug: still one line, the traceback behind --debug
         if debug:
             raise
-        click.echo(f"imgfab: internal error: {error.__class__.__name__}: {error} "
-                   "(run with --debug for the traceback)", err=True)
+        line = (f"internal error: {error.__class__.__name__}: {error} "
+                "(run with --debug for the traceback)")
+        if _STATE.json_command and not _STATE.emitted:
+            _emit_failure(_STATE.json_command, _coded(ImgfabError(line), 1))
+        click.echo(f"imgfab: {line}", err=True)
         sys.exit(1)
 
 

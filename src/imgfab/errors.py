@@ -53,6 +53,7 @@ class ImgfabError(Exception):
     """Base class. ``field`` names what was wrong, ``fix`` says what to do about it."""
 
     exit_code = 1
+    step: str | None = None  # the step of a multi-step command that failed (build's), if known
 
     def __init__(self, message: str, *, field: str | None = None, fix: str | None = None):
         super().__init__(message)
@@ -69,23 +70,31 @@ class ImgfabError(Exception):
 
 
 class RecipeError(ImgfabError):
-    """The recipe (or a CLI value standing in for a recipe field) is invalid."""
+    """The recipe (or a CLI value standing in for a recipe field) is invalid.
+
+    ``problems`` holds every failing field of a recipe as ``(field, message, fix)`` when the
+    schema found several (the first is the error's own field and message)."""
 
     exit_code = 2
+    problems: tuple[tuple[str, str, str | None], ...] = ()
 
 
 class CompatibilityError(ImgfabError):
     """No stack in the matrix satisfies the recipe and host.
 
-    ``rejections`` lists ``(candidate, reason)`` for every candidate considered.
+    ``rejections`` lists ``(candidate, reason)`` for every candidate considered; ``rejected``
+    the same candidates as ``--json`` carries them (``candidate``, ``constraint``, ``reason``,
+    ``fix``), where the resolver knows them.
     """
 
     exit_code = 2
 
     def __init__(self, message: str, *, field: str | None = None, fix: str | None = None,
-                 rejections: list[tuple[str, str]] | None = None):
+                 rejections: list[tuple[str, str]] | None = None,
+                 rejected: list[dict[str, str]] | None = None):
         super().__init__(message, field=field, fix=fix)
         self.rejections = rejections or []
+        self.rejected = rejected or []
 
 
 class MatrixError(ImgfabError):

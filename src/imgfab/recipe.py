@@ -103,14 +103,18 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """Which weights the image serves. They are mounted at run time, never baked in."""
 
-    id: str = Field(description="Hugging Face model id (org/name) or an absolute local path")
+    id: str = Field(description="Hugging Face model id (org/name) or an absolute local path",
+                    examples=["Qwen/Qwen2-7B-Instruct", "/models/local-checkpoint"])
     revision: str | None = Field(
-        None, description="Pinned Hugging Face commit (40 hex digits); required for hub ids")
-    mount_path: str = Field("/models/model", description="Where the weights are mounted at run time")
+        None, description="Pinned Hugging Face commit (40 hex digits); required for hub ids",
+        examples=["f2826a00ceef68f0f2b946d945ecc0477ce4450c"])
+    mount_path: str = Field("/models/model", description="Where the weights are mounted at run time",
+                            examples=["/models/qwen2-7b"])
     license: str | None = Field(
         None, max_length=100,
         description="The model's licence as an SPDX expression (e.g. Apache-2.0, or "
-                    "LicenseRef-llama3.1 for a custom one): the image's org.opencontainers.image.licenses")
+                    "LicenseRef-llama3.1 for a custom one): the image's org.opencontainers.image.licenses",
+        examples=["Apache-2.0", "LicenseRef-llama3.1"])
 
     @field_validator("license")
     @classmethod
@@ -155,15 +159,22 @@ class TargetSpec(_Strict):
     """The GPU fleet the image is for."""
 
     gpu: str = Field(max_length=64,
-                     description="GPU name from compat/gpus.yaml, e.g. H100-SXM, L4, A100-80GB")
-    count: Annotated[int, Field(ge=1, le=64)] = Field(1, description="GPUs per replica (tensor parallel size)")
-    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    driver: str = Field(max_length=32, description="Driver floor the fleet guarantees, e.g. '>=535.104.05'")
+                     description="GPU name from compat/gpus.yaml, e.g. H100-SXM, L4, A100-80GB",
+                     examples=["H100-SXM", "L40S"])
+    count: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="GPUs per replica (tensor parallel size)", examples=[1, 2])
+    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Pipeline-parallel stages per replica (vLLM --pipeline-parallel-size, "
+                        "trtllm-build --pp_size); a replica uses count × pipeline_parallel GPUs",
+        examples=[1, 2])
+    driver: str = Field(max_length=32, description="Driver floor the fleet guarantees, e.g. '>=535.104.05'",
+                        examples=[">=535.104.05", ">=550.54.15"])
     driver_policy: Literal["strict", "minor-compat", "forward-compat"] = Field(
         STRICT, description="strict: image CUDA ≤ what the driver ships; minor-compat: CUDA "
                             "minor-version compatibility within the major (with its limits); "
                             "forward-compat: the image's cuda-compat libcuda on an older "
-                            "datacenter driver branch (datacenter GPUs only)")
+                            "datacenter driver branch (datacenter GPUs only)",
+        examples=["strict", "minor-compat"])
 
     @field_validator("driver")
     @classmethod
@@ -181,11 +192,13 @@ class TargetSpec(_Strict):
 
 
 class BackendSpec(_Strict):
-    name: Backend
-    version: str | None = Field(None, max_length=100, description="PEP 440 specifier, e.g. '>=0.10,<0.12' or '==0.11.0'")
+    name: Backend = Field(description="The inference server: vllm or tensorrt-llm",
+                          examples=["vllm", "tensorrt-llm"])
+    version: str | None = Field(None, max_length=100, description="PEP 440 specifier, e.g. '>=0.10,<0.12' or '==0.11.0'",
+                                examples=[">=0.10,<0.12", "==0.11.0"])
     trtllm_path: Literal["pytorch", "engine"] | None = Field(
         None, description="TensorRT-LLM only: serve a checkpoint with the PyTorch backend, or a "
-                          "compiled TensorRT engine")
+                          "compiled TensorRT engine", examples=["pytorch", "engine"])
 
     @field_validator("version")
     @classmethod
@@ -210,8 +223,10 @@ class BackendSpec(_Strict):
 class CalibrationSpec(_Strict):
     """Calibration prompts for quantization: a user file mounted at build time, never baked."""
 
-    prompts: str = Field(description="Path of a prompt file (one prompt per line), relative to the recipe")
-    samples: Annotated[int, Field(ge=1, le=100000)] = 512
+    prompts: str = Field(description="Path of a prompt file (one prompt per line), relative to the recipe",
+                         examples=["calibration/chat-prompts.txt"])
+    samples: Annotated[int, Field(ge=1, le=100000)] = Field(
+        512, description="How many prompts calibration reads from the file", examples=[512])
 
     @field_validator("prompts")
     @classmethod
@@ -223,16 +238,31 @@ class CalibrationSpec(_Strict):
 
 
 class EngineSpec(_Strict):
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
-    quantization: Quantization = Quantization.NONE
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    dtype: Literal["auto", "bfloat16", "float16"] = Field(
+        "auto", description="Activation and unquantized weight dtype (auto: the checkpoint's)",
+        examples=["bfloat16"])
+    quantization: Quantization = Field(
+        Quantization.NONE, description="Weight (and activation) quantization: fp8 (W8A8, "
+                                       "compute capability ≥ 8.9), int8_sq (SmoothQuant), "
+                                       "int4_awq (AWQ, what users call awq), nvfp4 (Blackwell)",
+        examples=["fp8", "int4_awq"])
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="KV cache dtype (fp8 halves its memory; auto: the model dtype)",
+        examples=["fp8"])
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
+        64, description="TensorRT-LLM engines: trtllm-build --max_batch_size", examples=[64])
     max_input_len: Annotated[int, Field(ge=16, le=1048576)] = Field(
         4096, description="TensorRT-LLM engines only (trtllm-build --max_input_len); left out, "
-                          "4096 capped at max_seq_len")
-    max_seq_len: Annotated[int, Field(ge=16, le=1048576)] = 8192
-    max_num_tokens: Annotated[int, Field(ge=16, le=1048576)] | None = None
-    calibration: CalibrationSpec | None = None
+                          "4096 capped at max_seq_len", examples=[4096])
+    max_seq_len: Annotated[int, Field(ge=16, le=1048576)] = Field(
+        8192, description="Longest sequence (prompt + output) the engine is built for; the "
+                          "serving default of serve.max_model_len", examples=[32768])
+    max_num_tokens: Annotated[int, Field(ge=16, le=1048576)] | None = Field(
+        None, description="TensorRT-LLM engines: trtllm-build --max_num_tokens (default 8192)",
+        examples=[8192])
+    calibration: CalibrationSpec | None = Field(
+        None, description="Calibration prompts for a quantization made at build time",
+        examples=[{"prompts": "calibration/chat-prompts.txt", "samples": 512}])
 
     @model_validator(mode="before")
     @classmethod
@@ -256,10 +286,16 @@ class EngineSpec(_Strict):
 class ServeLimits(_Strict):
     """Scheduler limits for one workload shape."""
 
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = None
-    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1048576)] | None = None
-    enable_chunked_prefill: bool | None = None
-    enable_prefix_caching: bool | None = None
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="Sequences scheduled at once (vLLM --max-num-seqs)", examples=[256])
+    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1048576)] | None = Field(
+        None, description="Tokens per scheduler step (vLLM --max-num-batched-tokens)", examples=[8192])
+    enable_chunked_prefill: bool | None = Field(
+        None, description="Split long prompts' prefill into chunks (vLLM --enable-chunked-prefill)",
+        examples=[True])
+    enable_prefix_caching: bool | None = Field(
+        None, description="Reuse the KV cache of shared prompt prefixes (vLLM --enable-prefix-caching)",
+        examples=[True])
 
 
 # Operator-known workload shapes. Chat: many short concurrent turns, share the system prompt.
@@ -273,17 +309,26 @@ PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 class ServeSpec(_Strict):
-    port: Annotated[int, Field(ge=1024, le=65535)] = 8000
+    port: Annotated[int, Field(ge=1024, le=65535)] = Field(
+        8000, description="The OpenAI-compatible server's port in the container", examples=[8000])
     served_model_name: str | None = Field(
         None, description="The name clients send as `model` and /v1/models lists. Default: vLLM "
                           "serves the model id (model.id, what OpenAI clients expect); "
                           "trtllm-serve names it after the directory it serves (the engine's, "
                           "else model.mount_path's last part), so there it must hold no '/'",
         examples=["Qwen/Qwen2-7B-Instruct", "qwen2-7b"])
-    max_model_len: Annotated[int, Field(ge=16, le=1048576)] | None = None
-    gpu_memory_utilization: Annotated[float, Field(gt=0.05, le=0.99)] = 0.90
-    preset: Literal["chat", "long-context"] = "chat"
-    presets: dict[Literal["chat", "long-context"], ServeLimits] = Field(default_factory=dict)
+    max_model_len: Annotated[int, Field(ge=16, le=1048576)] | None = Field(
+        None, description="Longest context served (vLLM --max-model-len); default engine.max_seq_len",
+        examples=[32768])
+    gpu_memory_utilization: Annotated[float, Field(gt=0.05, le=0.99)] = Field(
+        0.90, description="Share of GPU memory vLLM may take for weights and KV cache",
+        examples=[0.9])
+    preset: Literal["chat", "long-context"] = Field(
+        "chat", description="The workload shape served by default: chat (many short turns) or "
+                            "long-context (few long documents)", examples=["chat"])
+    presets: dict[Literal["chat", "long-context"], ServeLimits] = Field(
+        default_factory=dict, description="Per-preset scheduler limits over the defaults",
+        examples=[{"chat": {"max_num_seqs": 128}}])
 
     @field_validator("served_model_name")
     @classmethod
@@ -294,19 +339,23 @@ class ServeSpec(_Strict):
 
 
 class ImageSpec(_Strict):
-    registry: str | None = Field(None, description="Registry host[:port]; default from --registry / IMGFAB_REGISTRY")
-    repository: str = Field(description="Repository path, e.g. llm/qwen2-7b")
+    registry: str | None = Field(None, description="Registry host[:port]; default from --registry / IMGFAB_REGISTRY",
+                                 examples=["registry.example.com", "127.0.0.1:5000"])
+    repository: str = Field(description="Repository path, e.g. llm/qwen2-7b", examples=["llm/qwen2-7b"])
     uid: Annotated[int, Field(ge=1001, le=2147483647)] = Field(
         10001, description="The non-root runtime user's uid and gid (not 1000: Ubuntu 24.04 "
-                            "bases already have the 'ubuntu' user there)")
-    shm_size: str = Field("16g", description="Shared memory for the container, e.g. 16g")
+                            "bases already have the 'ubuntu' user there)", examples=[10001])
+    shm_size: str = Field("16g", description="Shared memory for the container, e.g. 16g",
+                          examples=["16g"])
     os: Literal["ubuntu22.04", "ubuntu24.04"] | None = Field(
-        None, description="Base OS; default: the newest the stack's Python allows")
+        None, description="Base OS; default: the newest the stack's Python allows",
+        examples=["ubuntu24.04"])
     compression: Literal["gzip", "zstd"] = Field(
         "zstd", description="Layer compression as built and pushed (imgfab build --compression "
                             "overrides it). zstd pulls and unpacks faster but needs Docker >= 23.0 "
                             "or containerd >= 1.5 on every pulling host (the image's "
-                            "org.imgfab.pull.requires label says so; `imgfab doctor` checks a host)")
+                            "org.imgfab.pull.requires label says so; `imgfab doctor` checks a host)",
+        examples=["zstd", "gzip"])
 
     @field_validator("uid", mode="before")
     @classmethod
@@ -346,13 +395,21 @@ class ImageSpec(_Strict):
 class Recipe(_Strict):
     """A whole recipe. ``name`` doubles as the image name and the build directory name."""
 
-    name: str = Field(description="Lowercase name, e.g. qwen2-7b-h100")
-    model: ModelSpec
-    target: TargetSpec
-    backend: BackendSpec
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    serve: ServeSpec = Field(default_factory=ServeSpec)
-    image: ImageSpec
+    name: str = Field(description="Lowercase name, e.g. qwen2-7b-h100", examples=["qwen2-7b-h100"])
+    model: ModelSpec = Field(description="Which weights the image serves (mounted at run time)",
+                             examples=[{"id": "Qwen/Qwen2-7B-Instruct",
+                                        "revision": "f2826a00ceef68f0f2b946d945ecc0477ce4450c"}])
+    target: TargetSpec = Field(description="The GPU fleet the image is for",
+                               examples=[{"gpu": "H100-SXM", "driver": ">=535.104.05"}])
+    backend: BackendSpec = Field(description="The inference server and its version range",
+                                 examples=[{"name": "vllm"}])
+    engine: EngineSpec = Field(default_factory=EngineSpec,
+                               description="Precision and the engine's limits",
+                               examples=[{"quantization": "fp8", "max_seq_len": 32768}])
+    serve: ServeSpec = Field(default_factory=ServeSpec, description="How the server runs",
+                             examples=[{"port": 8000, "preset": "chat"}])
+    image: ImageSpec = Field(description="Where the image goes and how it runs",
+                             examples=[{"repository": "llm/qwen2-7b"}])
 
     @field_validator("name")
     @classmethod
@@ -394,6 +451,45 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc if not str(part).startswith("function-"))
 
 
+# Values users type for a field whose spelling differs, each answered with the exact value to
+# write (None: imgfab has no such path; the fix names the nearest one). Refused, not accepted as
+# aliases: a recipe has one spelling, so its hash, its lock's fingerprint and its image's
+# labels say what the file says.
+ALIASES: dict[str, dict[str, tuple[str | None, str]]] = {
+    "engine.quantization": {
+        "awq": ("int4_awq", "AWQ 4-bit weights"), "int4": ("int4_awq", "AWQ 4-bit weights"),
+        "w4a16": ("int4_awq", "AWQ 4-bit weights, 16-bit activations"),
+        "int4-awq": ("int4_awq", "AWQ 4-bit weights"), "awq_int4": ("int4_awq", "AWQ 4-bit weights"),
+        "gptq": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
+        "gptq-int4": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
+        "gptq_int4": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
+        "autogptq": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
+        "int8": ("int8_sq", "SmoothQuant W8A8"), "w8a8": ("int8_sq", "SmoothQuant W8A8"),
+        "smoothquant": ("int8_sq", "SmoothQuant W8A8"), "fp4": ("nvfp4", "NVIDIA FP4"),
+        "fp8_e4m3": ("fp8", "FP8 E4M3"), "bf16": ("none", "no quantization: dtype bfloat16"),
+        "fp16": ("none", "no quantization: dtype float16"),
+    },
+    "engine.dtype": {"bf16": ("bfloat16", "bfloat16"), "fp16": ("float16", "float16"),
+                     "half": ("float16", "float16")},
+    "engine.kv_cache_dtype": {"fp8_e4m3": ("fp8", "FP8 E4M3")},
+    "backend.name": {"trtllm": ("tensorrt-llm", "TensorRT-LLM"),
+                     "tensorrt_llm": ("tensorrt-llm", "TensorRT-LLM"),
+                     "trt-llm": ("tensorrt-llm", "TensorRT-LLM")},
+}
+
+
+def alias_fix(field: str, value: Any) -> str | None:
+    """The fix for a value users type under another spelling (``awq`` → ``int4_awq``)."""
+    if not isinstance(value, str):
+        return None
+    known = ALIASES.get(field, {}).get(value.strip().lower())
+    if known is None:
+        return None
+    exact, meaning = known
+    short = field.rsplit(".", 1)[1]
+    return f"write {short}: {exact} ({meaning})" if exact else meaning
+
+
 def _error_line(err: dict[str, Any]) -> tuple[str, str]:
     """Turn one pydantic error into (field path, message)."""
     loc = _field_path(tuple(err.get("loc", ())))
@@ -423,10 +519,16 @@ def parse_recipe(data: Any, *, source: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        field, message = _error_line(errors[0])
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise RecipeError(f"{message}{more}", field=field) from None
+        problems = []
+        for err in exc.errors(include_url=False):
+            field, message = _error_line(err)
+            problems.append((field, message, alias_fix(field, err.get("input"))))
+        field, message, fix = problems[0]
+        # Every failing field, each by name: the first is the error's, the others follow it.
+        also = "; ".join(f"{f}: {m}" + (f" ({x})" if x else "") for f, m, x in problems[1:])
+        error = RecipeError(f"{message}; also {also}" if also else message, field=field, fix=fix)
+        error.problems = tuple(problems)
+        raise error from None
     except (TypeError, ValueError) as exc:  # a validator raised outside pydantic's wrapping
         raise RecipeError(str(exc), field="recipe") from None
 
@@ -533,6 +635,49 @@ def recipe_json_schema() -> dict[str, Any]:
     return schema
 
 
+def recipe_fields() -> dict[str, dict[str, Any]]:
+    """Every recipe field by its dotted path (``engine.quantization``), in schema order, with
+    ``description``, ``type`` (JSON type names joined by ``|``, or the nested object's name),
+    ``default`` (None when there is none), ``choices`` (None when open) and ``examples``."""
+    schema = recipe_json_schema()
+    defs = schema.get("$defs", {})
+
+    def target(spec: dict[str, Any]) -> dict[str, Any]:
+        ref = spec.get("$ref")
+        return defs[ref.rsplit("/", 1)[1]] if ref else spec
+
+    fields: dict[str, dict[str, Any]] = {}
+
+    def walk(prefix: str, node: dict[str, Any]) -> None:
+        for name, spec in node.get("properties", {}).items():
+            path = f"{prefix}{name}"
+            fields[path] = {}  # its place in schema order, before its own fields
+            options = [target(o) for o in spec.get("anyOf", [spec])]
+            kinds, choices, nested = [], None, None
+            for option in options:
+                if "enum" in option or "const" in option:
+                    choices = (choices or []) + list(option.get("enum", [option.get("const")]))
+                    kinds.append(option.get("type", "string"))
+                elif option.get("type") == "object" and "properties" in option:
+                    nested = option
+                    kinds.append("object")
+                elif option.get("type") == "object" and "additionalProperties" in option:
+                    # a mapping (serve.presets): its values' fields under <key>
+                    walk(f"{path}.<key>.", target(option["additionalProperties"]))
+                    kinds.append("object")
+                else:
+                    kinds.append(option.get("type", "object"))
+            fields[path].update({"description": spec.get("description", ""),
+                            "type": "|".join(dict.fromkeys(kinds)) or None,
+                            "default": spec.get("default"), "choices": choices,
+                            "examples": list(spec.get("examples", []))})
+            if nested is not None:
+                walk(path + ".", nested)
+
+    walk("", schema)
+    return fields
+
+
 # A driver version exactly as nvidia-smi prints it: 535.104.05 (data center, three parts) or
 # 570.86 (GeForce, two parts); no surrounding space, which would otherwise reach labels and locks.
 _DRIVER_VERSION = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){0,2}")
@@ -544,4 +689,5 @@ def driver_version_ok(text: str) -> bool:
 
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "parse_recipe", "recipe_hash",
-           "recipe_json_schema", "PRESET_DEFAULTS", "POLICIES"]
+           "recipe_json_schema", "recipe_fields", "alias_fix", "ALIASES", "PRESET_DEFAULTS",
+           "POLICIES"]

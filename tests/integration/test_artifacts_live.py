@@ -74,7 +74,7 @@ def _build(recipe: Path, out: Path, index_url: str, lock: Path) -> dict:
          index_url, "--lock", str(lock), "--network", "host", "--mirror", MIRROR, "--output", str(out)],
         capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    return json.loads(result.stdout)["images"][0]
 
 
 def _weights(directory: Path, name: str) -> Path:

@@ -114,7 +114,7 @@ def imgfab_build(recipe: Path, root: Path, ca: Path, *extra: str) -> dict:
          "--ca-cert", str(ca), "--output", str(root / f"ctx-{recipe.stem}"), *extra],
         capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    built = json.loads(result.stdout)
+    built = json.loads(result.stdout)["images"][0]
     built["log"] = result.stderr
     return built
 
@@ -434,7 +434,7 @@ def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
     tags = registry.list_tags(f"{REGISTRY}/{repository}", registry.Credentials.load(REGISTRY))
     if healthy:
         assert result.returncode == 0, result.stderr[-2000:]
-        assert json.loads(result.stdout)["smoke"]["passed"] and tags
+        assert json.loads(result.stdout)["images"][0]["smoke"]["passed"] and tags
     else:
         assert result.returncode == 1, result.stderr[-2000:]
         assert "smoke" in result.stderr.strip().splitlines()[-1]

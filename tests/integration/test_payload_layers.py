@@ -65,7 +65,7 @@ def _build(recipe: Path, url: str, lock: Path, out: Path, *extra: str) -> dict:
          "--lock", str(lock), "--network", "host", "--mirror", MIRROR, "--output", str(out), *extra],
         capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    return json.loads(result.stdout)["images"][0]
 
 
 def payload_layers(built: dict, groups: list[str]) -> dict[str, str]:

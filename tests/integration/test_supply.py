@@ -74,7 +74,7 @@ def signed(work, tmp_path_factory):  # noqa: F811
                     "--ca-cert", str(ca), "--output", str(directory / "ctx"), "--registry", REGISTRY,
                     "--push", "--sign-key", SIGN_KEY, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    built = json.loads(result.stdout)
+    built = json.loads(result.stdout)["images"][0]
     built["recipe_path"] = recipe
     built["repository"] = f"{REGISTRY}/{repository}"
     return built
@@ -316,7 +316,8 @@ def test_the_workflow_release_step_runs(signed, tmp_path):
     name = "x"
     (tmp_path / "build" / name).mkdir(parents=True)
     shutil.copytree(signed["publish"]["bundle"], tmp_path / "build" / name / "deploy")
-    report = {"pushed": signed["pushed"], "tags": [signed["tags"][0]]}
+    report = {"schema_version": 1, "command": "build", "ok": True, "exit_code": 0,
+              "images": [{"pushed": signed["pushed"], "tags": [signed["tags"][0]]}]}
     (tmp_path / "imgfab-report.json").write_text(json.dumps(report))
     shims = tmp_path / "bin"
     shims.mkdir()

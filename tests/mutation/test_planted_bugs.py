@@ -244,7 +244,8 @@ PLANTS = [
           "        if value == 1000 and not isinstance(value, bool):", "        if False:",
           ("tests/stack/test_toolchain.py",)),
     Plant("cli: click usage errors printed by click (several lines)", "cli.py",
-          "        click.echo(f\"imgfab: {_usage_line(error)}\", err=True)", "        error.show()",
+          "        click.echo(f\"imgfab: {line}\", err=True)\n        sys.exit(2)",
+          "        error.show()\n        sys.exit(2)",
           ("tests/render/test_render_output.py",)),
     # --- issue 16: the image serves on its GPU ------------------------------------------------
     Plant("toolchain: a JIT row's backend version range ignored", "matrix/toolchains.py",

@@ -77,7 +77,7 @@ def test_imgfab_lock_exits_1_with_one_line_when_uv_cannot_use_its_cache(tmp_path
     result = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock",
                              str(REPO / "recipes" / "qwen2-7b-h100.yaml"),
                              "--index-url", "http://127.0.0.1:9/simple",
-                             "--output", str(tmp_path / "x.lock")],
+                             "--output", str(tmp_path / "x.lock"), "-q"],
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -278,7 +278,7 @@ def test_release_promotes_the_digest_and_signs_keylessly(workflow):
         installer = next(s for s in steps if s.get("uses", "").startswith("sigstore/cosign-installer@"))
         assert installer["with"]["cosign-release"] == COSIGN_RELEASE
         (script,) = [s["run"] for s in steps if "imgfab promote" in s.get("run", "")]
-        assert 'imgfab promote "$staged"' in script and "jq -r .pushed imgfab-report.json" in script
+        assert 'imgfab promote "$staged"' in script and "jq -r '.images[0].pushed' imgfab-report.json" in script
         for line in ('cosign sign --yes "$promoted"', "--type cyclonedx", "--type slsaprovenance1"):
             assert line in script
         assert "--key" not in script  # keyless: Fulcio + Rekor, the job's OIDC identity

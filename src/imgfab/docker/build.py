@@ -39,7 +39,7 @@ from typing import Any
 
 from imgfab.docker import engine
 from imgfab.docker.unverified import UnverifiedTags
-from imgfab.errors import HostError, RecipeError, ValidationFailed, redact, shown
+from imgfab.errors import HostError, ImgfabError, RecipeError, ValidationFailed, redact, shown
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -313,10 +313,29 @@ def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
     return refs
 
 
+# The steps of one build, in order; a failure's ``ImgfabError.step`` names the one it stopped in.
+STEPS = ("recipe", "resolve", "lock", "render", "build", "verify", "payload", "smoke", "push",
+         "publish")
+
+
 def build_recipe(recipe_path: str, options: BuildOptions, *,
                  on_line: Callable[[str], None] | None = None,
                  context_dir: Path | None = None) -> BuiltImage:
-    """Build, verify (and optionally smoke-test and push) the image of one recipe."""
+    """Build, verify (and optionally smoke-test and push) the image of one recipe.
+
+    Raises the typed errors of :mod:`imgfab.errors`, each with ``step`` set to the one of
+    :data:`STEPS` it failed in (``build --json`` reports it)."""
+    where = [STEPS[0]]
+    try:
+        return _build_recipe(recipe_path, options, on_line, context_dir, where)
+    except ImgfabError as error:
+        if error.step is None:
+            error.step = where[0]
+        raise
+
+
+def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[str], None] | None,
+                  context_dir: Path | None, where: list[str]) -> BuiltImage:
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.payload.lock import load_for_build, served_stack  # noqa: PLC0415
     from imgfab.recipe import load_recipe  # noqa: PLC0415
@@ -333,9 +352,11 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
             update={"compression": options.compression})})
     compression = recipe.image.compression
     _check_options(options)
+    where[0] = "resolve"
     matrix = load_matrix(options.compat_dir)
     stack = resolve(recipe, matrix).stack
     strategy = _compile_strategy(stack, options, on_line)
+    where[0] = "lock"
     lock = load_for_build(recipe_path, recipe, stack, options.lock, options.compat_dir)
     stack = served_stack(stack, lock)  # as render_context labels it: verify checks the same labels
     # The bases as this build uses them (mirrored, pinned) are part of the image's identity.
@@ -353,6 +374,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                               image_ref=image_ref)
 
     started = _now()
+    where[0] = "render"
     files = rerender()
     context = write_context(files, context_dir or Path("build") / recipe.name)
     tag_name = context_image(files)["tag"]
@@ -372,6 +394,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                 secrets["pip-conf"] = _pip_conf(options.pip_index_url, Path(scratch))
                 build_args["IMGFAB_PIP_SOURCE"] = pip_source_fingerprint(
                     secrets["pip-conf"].read_bytes(), pip_source_key())
+            where[0] = "build"
             if strategy == "two-phase":
                 _compile_two_phase(recipe_path, recipe, stack, context, options, build_args, secrets, on_line)
             # No tag yet: what is judged is the ID this build wrote, and only it gets the names.
@@ -385,6 +408,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         # The build's private name keeps the image until it has its real names (the containerd
         # image store keeps no image without a name); it goes whatever happens below.
         try:
+            where[0] = "verify"
             try:
                 report = verify_image(image_id, policy)
             except ValidationFailed:
@@ -394,6 +418,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
             # matrix; a disagreement rejects the image like verify does, and the measured values
             # become labels.
             from imgfab.payload import measure as payload  # noqa: PLC0415
+            where[0] = "payload"
             try:
                 measured = payload.check_image(image_id, stack.to_dict(), matrix, engine=engine)
             except ValidationFailed:
@@ -413,6 +438,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
         base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes))
     if options.smoke:
+        where[0] = "smoke"
         if options.smoke_hook is None:
             raise RecipeError("--smoke needs a smoke test to run", field="--smoke",
                               fix="build through `imgfab build --smoke`, which passes it")
@@ -425,6 +451,7 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
         from imgfab.docker import registry  # noqa: PLC0415
 
         assert remote_ref is not None and options.registry
+        where[0] = "push"
         # --registry may carry a namespace (ghcr.io/<owner>): credentials are the host's.
         credentials = registry.Credentials.load(options.registry.split("/", 1)[0],
                                                 options.registry_user, options.registry_password)
@@ -432,6 +459,8 @@ def build_recipe(recipe_path: str, options: BuildOptions, *,
                                      on_line=on_line, retag=options.retag)
         if options.publish_hook is not None:
             from imgfab.payload.lock import lock_path  # noqa: PLC0415
+
+            where[0] = "publish"
 
             record = BuildRecord(
                 recipe_path=recipe_path, recipe=recipe, stack=stack, matrix=matrix, lock=lock,

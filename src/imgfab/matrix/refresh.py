@@ -271,7 +271,7 @@ def write_atomically(path: Path, text: str) -> None:
 def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
             fetch_metadata: FetchMetadata = fetch_metadata,
             packages: Iterable[str] = ("vllm", "torch", "tensorrt-llm", "tensorrt"),
-            read_archs: ReadArchs | None = None) -> list[str]:
+            read_archs: ReadArchs | None = None, progress: Any = None) -> list[str]:
     """Regenerate the PyPI-derived compat files in ``compat_dir``; return what changed.
 
     ``packages`` picks the files: ``vllm``, ``torch``, ``tensorrt-llm``, ``tensorrt``. Torch rows
@@ -283,9 +283,14 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
     (:meth:`imgfab.matrix.wheels.PayloadCache.archs`); without it the ``fatbin_*`` fields are
     carried over from the files on disk.
 
+    ``progress`` (:class:`imgfab.progress.Progress`) hears of each project and release read.
+
     Returns one line per added, changed or removed release (empty: nothing changed).
     Raises NetworkError if PyPI cannot be read; then no file has been touched.
     """
+    from imgfab.progress import QUIET  # noqa: PLC0415
+
+    progress = progress or QUIET
     compat_dir = Path(compat_dir)
     wanted = tuple(packages)
     unknown = set(wanted) - set(FILES)
@@ -294,11 +299,13 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
     old = {kind: read_records(compat_dir / name) for kind, name in FILES.items()}
     fetch = _Guarded(fetch_json, fetch_metadata)
 
+    progress.step("reading the torch releases from PyPI")
     torch_all = fetch.versions("torch") if {"vllm", "torch"} & set(wanted) else {}
     torch_rows: dict[str, dict[str, Any]] = {}
 
     def torch_row(version: str) -> dict[str, Any]:
         if version not in torch_rows:
+            progress.step(f"torch {version}: metadata")
             row = torch_record(version, *fetch.metadata("torch", version))
             row["index"] = PYPI_INDEX
             torch_rows[version] = _with_fatbin(row, "torch", version, fetch, read_archs,
@@ -308,7 +315,10 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
     new: dict[str, dict[str, dict[str, Any]]] = {}
     if "vllm" in wanted:
         rows = {}
-        for version in fetch.final_versions("vllm", VLLM_FLOOR):
+        progress.step("reading the vllm releases from PyPI")
+        releases = fetch.final_versions("vllm", VLLM_FLOOR)
+        for index, version in enumerate(releases, 1):
+            progress.item("vllm releases", index, len(releases), version)
             meta, filename = fetch.metadata("vllm", version)
             spec = str(r.specifier) if (r := requirement(meta, "torch")) else ""
             for candidate in _admitted(spec, torch_all):
@@ -319,7 +329,10 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
         new["vllm"] = rows
     if "tensorrt-llm" in wanted:
         rows = {}
-        for version in fetch.final_versions("tensorrt-llm", TENSORRT_LLM_FLOOR):
+        progress.step("reading the tensorrt-llm releases from PyPI")
+        releases = fetch.final_versions("tensorrt-llm", TENSORRT_LLM_FLOOR)
+        for index, version in enumerate(releases, 1):
+            progress.item("tensorrt-llm releases", index, len(releases), version)
             meta, filename = fetch.metadata("tensorrt-llm", version)
             record = tensorrt_llm_record(version, meta, filename, fetch.files("tensorrt-llm", version))
             rows[version] = carry_over("tensorrt-llm", record, old["tensorrt-llm"].get(version))
@@ -334,6 +347,7 @@ def refresh(compat_dir: Path, fetch_json: FetchJson = fetch_json,
         kept = {v: r for v, r in old["torch"].items() if (r.get("index") or PYPI_INDEX) != PYPI_INDEX}
         new["torch"] = {**dict(torch_rows), **kept}
     if "tensorrt" in wanted:
+        progress.step("reading the tensorrt releases from PyPI")
         tensorrt_all = fetch.versions("tensorrt")
         rows = {}
         for row in (new.get("tensorrt-llm") or old["tensorrt-llm"]).values():

@@ -89,9 +89,11 @@ def _member_data_offset(url: str, info: zipfile.ZipInfo, requests: Any) -> int:
 
 
 def scan_member(url: str, wheel: str, members: tuple[str, ...], *, max_blobs: int | None = MAX_BLOBS,
-                max_bytes: int = MAX_COMPRESSED_BYTES) -> MemberArchs | None:
+                max_bytes: int = MAX_COMPRESSED_BYTES,
+                on_bytes: Any = None) -> MemberArchs | None:
     """Architectures of the first of ``members`` present in the wheel at ``url``: every fat
-    binary (``max_blobs`` None), read from at most ``max_bytes`` of compressed data.
+    binary (``max_blobs`` None), read from at most ``max_bytes`` of compressed data;
+    ``on_bytes(read, total)`` hears of each compressed chunk read (total: the member's size).
 
     None when the wheel has none of them. Raises NetworkError on a transport failure or a
     member that does not parse.
@@ -118,6 +120,8 @@ def scan_member(url: str, wheel: str, members: tuple[str, ...], *, max_blobs: in
             response.raise_for_status()
             for chunk in response.iter_content(_CHUNK):
                 read += len(chunk)
+                if on_bytes is not None:
+                    on_bytes(read, min(info.compress_size, max_bytes))
                 scanner.feed(inflate.decompress(chunk) if inflate else chunk)
                 if scanner.done or read >= max_bytes:
                     break
@@ -141,10 +145,12 @@ def scan_member(url: str, wheel: str, members: tuple[str, ...], *, max_blobs: in
 
 
 class PayloadCache:
-    """JSON files under ``directory``, one per (wheel, project): re-reads nothing already read."""
+    """JSON files under ``directory``, one per (wheel, project): re-reads nothing already read.
+    ``progress`` (:class:`imgfab.progress.Progress`) hears of each wheel read and its bytes."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, progress: Any = None):
         self.directory = Path(directory)
+        self.progress = progress
 
     def archs(self, project: str, url: str, wheel: str) -> MemberArchs | None:
         path = self.directory / f"{wheel}.archs.v{SCAN_VERSION}.json"
@@ -152,7 +158,11 @@ class PayloadCache:
             data = json.loads(path.read_text(encoding="utf-8"))
             return MemberArchs(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}) \
                 if data else None
-        found = scan_member(url, wheel, MEMBERS[project])
+        on_bytes = None
+        if self.progress is not None:
+            self.progress.step(f"{project}: reading the GPU code of {wheel}")
+            on_bytes = lambda read, total: self.progress.bytes(wheel, read, total)  # noqa: E731
+        found = scan_member(url, wheel, MEMBERS[project], on_bytes=on_bytes)
         self.directory.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(found.__dict__ if found else {}, indent=1), encoding="utf-8")
         return found

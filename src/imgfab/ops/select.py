@@ -120,6 +120,15 @@ class Candidate:
         failed = [v.line() for v in self.verdicts if not v.ok]
         return _printable("; ".join(failed), REASON_MAX) if failed else "fits"
 
+    def rejection(self) -> dict[str, str]:
+        """The first rule it failed as resolve's rejections name one: ``constraint`` (the
+        check: driver, gpu, arch, label, ...) and ``fix``; both empty when it fits."""
+        failed = next((v for v in self.verdicts if not v.ok), None)
+        if failed is None:
+            return {"constraint": "", "fix": ""} if self.verdicts else \
+                {"constraint": "image", "fix": "publish images with imgfab's labels"}
+        return {"constraint": _printable(failed.check, 60), "fix": _printable(failed.fix, REASON_MAX)}
+
     @property
     def pull_requires(self) -> str:
         """What the pulling host needs for the image's layers (org.imgfab.pull.requires, e.g.

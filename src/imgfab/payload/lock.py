@@ -179,10 +179,23 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
     return sorted(packages, key=lambda p: p.name)
 
 
-def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves: tuple[str, ...] = ()) -> None:
+def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves: tuple[str, ...] = (),
+                     progress: Any = None) -> None:
     """Fill each package's RECORD files, installed size and cuts (and torch's Requires-Dist);
-    ``serves``: the compute capabilities whose cubins stay (:func:`imgfab.in_image.stage.cut_kind`)."""
+    ``serves``: the compute capabilities whose cubins stay (:func:`imgfab.in_image.stage.cut_kind`).
+    ``progress`` (:class:`imgfab.progress.Progress`) hears of each package as its RECORD is read."""
+    import threading  # noqa: PLC0415
+
     from imgfab.matrix.wheelzip import read_members  # noqa: PLC0415
+
+    done = [0]
+    counted = threading.Lock()
+
+    def report(package: LockedPackage) -> None:
+        if progress is not None:
+            with counted:
+                done[0] += 1
+                progress.item("RECORD", done[0], len(packages), f"{package.name} {package.version}")
 
     def one(package: LockedPackage) -> None:
         if not package.urls:
@@ -213,8 +226,12 @@ def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves:
                                 for line in members[".dist-info/METADATA"].splitlines()
                                 if line.startswith("Requires-Dist:")]
 
+    def counted_one(package: LockedPackage) -> None:
+        one(package)
+        report(package)
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(one, packages))
+        list(pool.map(counted_one, packages))
 
 
 # ---------------------------------------------------------------- lock-time checks
@@ -276,8 +293,9 @@ class LockResult:
 def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | None = None,
                 output: Path | None = None, compat_dir: Path | None = None,
                 python: str | None = None, platform: str | None = None,
-                extra_pins: dict[str, str] | None = None) -> LockResult:
+                extra_pins: dict[str, str] | None = None, progress: Any = None) -> LockResult:
     """Write (or keep) the lock of one recipe. A fresh lock is kept unless ``upgrade``.
+    ``progress`` (:class:`imgfab.progress.Progress`) hears of each step and RECORD read.
 
     Raises :class:`CompatibilityError` (exit 2) for a refused payload, after writing a lock
     whose header says ``refused:`` (so ``--check`` knows the refusal is current)."""
@@ -306,11 +324,21 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
     if old and not upgrade and _is_fresh(old, request) and not old.refused:
         return LockResult(path, old, [], False)
     uv = uv_binary()
+    if progress is not None:
+        progress.step(f"{recipe.name}: checking the indexes answer")
     refused = _unreachable_refusal(request, stack, index_url)
     packages: list[LockedPackage] = []
     if not refused:
+        if progress is not None:
+            progress.step(f"{recipe.name}: resolving {' '.join(request.pins)} with uv "
+                          f"(Python {request.python}, {request.platform})")
         packages = resolve_packages(request, index_url=index_url, uv=uv)
-        inspect_packages(packages, serves=request.serves)
+        if progress is not None:
+            progress.step(f"{recipe.name}: {len(packages)} packages resolved; reading each "
+                          f"wheel's RECORD")
+        inspect_packages(packages, serves=request.serves, progress=progress)
+        if progress is not None:
+            progress.step(f"{recipe.name}: checking the payload")
         try:
             check_packages(packages, request, stack.cuda, index_url)
         except CompatibilityError as error:

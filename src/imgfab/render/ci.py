@@ -184,8 +184,8 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
 # The release step: the candidate's digest, promoted by digest, then signed and attested in
 # its new repository (keyless: the job's OIDC identity).
 PROMOTE = """\
-staged=$(jq -r .pushed imgfab-report.json)
-local_ref=$(jq -r '.tags[0]' imgfab-report.json)
+staged=$(jq -r '.images[0].pushed' imgfab-report.json)
+local_ref=$(jq -r '.images[0].tags[0]' imgfab-report.json)
 target="$IMGFAB_REGISTRY/${local_ref}"
 imgfab promote "$staged" --to "$target" --json > promoted.json
 promoted=$(jq -r .promoted promoted.json)

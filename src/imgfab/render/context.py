@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -30,9 +30,20 @@ from imgfab.in_image.stage import BASE_GROUP
 from imgfab.matrix.compat import Matrix
 from imgfab.payload.lock import Lock, requirement_pins, served_stack
 from imgfab.recipe import Recipe, recipe_hash
-from imgfab.render import shapes, trtllm
+from imgfab.render import shapes
 from imgfab.stack.resolve import Stack
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
+
+if TYPE_CHECKING:
+    from imgfab.render import trtllm
+
+
+def _trtllm() -> Any:
+    """:mod:`imgfab.render.trtllm` (its flag tables), imported on first use: a vLLM render
+    never loads it (issue 23: start-up)."""
+    from imgfab.render import trtllm  # noqa: PLC0415
+
+    return trtllm
 
 
 LABEL_PREFIX = "org.imgfab"
@@ -329,9 +340,9 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
             if stack.kv_cache_dtype == "fp8":
                 argv += ["--kv-cache-dtype", "fp8"]
         else:  # TensorRT-LLM: built and checked against the release's flag table in trtllm.py
-            served = trtllm.engine_plan(recipe, stack).served_engine \
+            served = _trtllm().engine_plan(recipe, stack).served_engine \
                 if stack.backend_path == "engine" else None
-            argv = trtllm.serve_argv(recipe, stack, limits, served=served)
+            argv = _trtllm().serve_argv(recipe, stack, limits, served=served)
         commands[preset] = argv
     return commands
 
@@ -380,12 +391,12 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     labels = image_labels(recipe, stack, digest, profile.weights_required, source, bases=bases)
     plan = None
     if stack.backend == "tensorrt-llm":
-        trtllm.flag_table(stack)  # both paths: refuse a release whose flags cannot be checked
+        _trtllm().flag_table(stack)  # both paths: refuse a release whose flags cannot be checked
     if stack.backend_path == "engine":
         if engine_strategy not in ("two-phase", "at-start"):
             raise RecipeError(f"engine strategy {engine_strategy!r} is not rendered by this imgfab",
                               field="--compile", fix="two-phase or --engine-at-start")
-        plan = trtllm.engine_plan(recipe, stack, strategy=engine_strategy)
+        plan = _trtllm().engine_plan(recipe, stack, strategy=engine_strategy)
         labels.update(plan.labels)
     repository = recipe.image.repository
     commands = serve_commands(recipe, stack)
@@ -416,9 +427,10 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "engine": _engine_context(plan, recipe),
         "engine_volume": f"imgfab-{recipe.name}-engines",
         # --engine-at-start quantizes on first start: the prompts are mounted at run time too.
-        "calibration_mount": trtllm.CALIBRATION_FILE if plan is not None and plan.strategy == "at-start"
+        "calibration_mount": _trtllm().CALIBRATION_FILE if plan is not None and plan.strategy == "at-start"
         and recipe.engine.calibration is not None else "",
-        "calibration_dir": trtllm.CALIBRATION_DIR,
+        # read only beside calibration_mount, which only the engine path sets
+        "calibration_dir": _trtllm().CALIBRATION_DIR if plan is not None else "",
         "jit_cache": shapes.JIT_CACHE,
         "triton_cache": shapes.TRITON_CACHE,
         "cache_volume": shapes.cache_volume(recipe.name),
@@ -426,7 +438,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "cuda_view": _cuda_view(stack),
         "api_key": _api_key_context(recipe, stack),
         "served_name": served_name(recipe) if stack.backend == "vllm"
-        else trtllm.served_model_name(recipe),
+        else _trtllm().served_model_name(recipe),
     }
     context["k8s"] = _k8s_context(recipe, stack, labels, matrix, plan)
     env = _environment()
@@ -540,6 +552,7 @@ def _engine_context(plan: trtllm.EnginePlan | None, recipe: Recipe) -> dict[str,
     """What the TensorRT engine templates lay out; ``{"path": False}`` off the engine path."""
     if plan is None:
         return {"path": False}
+    trtllm = _trtllm()
     return {"path": True, "strategy": plan.strategy, "cache_key": plan.cache_key,
             "cache_root": trtllm.ENGINE_CACHE, "cache_dir": plan.cache_dir,
             "served": plan.served_engine, "in_image": trtllm.ENGINE_IN_IMAGE,

@@ -164,7 +164,8 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None, *,
         f"no {recipe.backend.name} stack fits {gpu.name} with driver {driver} ({policy}); "
         f"{len(rejections)} candidates rejected, {which}: {first.candidate}: {first.reason}",
         field=_field_for(first.constraint), fix=fix,
-        rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections])
+        rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections],
+        rejected=[dict(r.__dict__) for r in rejections])
 
 
 def _with_advisories(recipe: Recipe, matrix: Matrix, stack: Stack, host: Host | None) -> Stack:
