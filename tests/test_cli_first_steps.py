@@ -77,8 +77,9 @@ def test_init_never_overwrites_without_force(tmp_path):
 
 def test_init_writes_nothing_for_a_recipe_that_cannot_build(tmp_path):
     target = tmp_path / "r.yaml"
-    # fp8 needs compute capability 8.9; the A100 is 8.0: no stack fits, nothing is written
-    result = imgfab(*INIT[:5], "--gpu", "A100-80GB", "--driver", "550.54.15", "--precision", "fp8",
+    # fp8 needs compute capability 7.5 (weight-only below 8.9); the V100 is 7.0: no stack fits,
+    # nothing is written
+    result = imgfab(*INIT[:5], "--gpu", "V100", "--driver", "550.54.15", "--precision", "fp8",
                     "-o", str(target))
     assert result.returncode == 2 and "fp8" in result.stderr, result.stderr
     assert not target.exists() and list(tmp_path.iterdir()) == []
@@ -137,8 +138,9 @@ def test_validate_lists_every_field_of_every_recipe(tmp_path):
 
 def test_validate_also_resolves(tmp_path):
     data = yaml.safe_load(LOCKED.read_text())
-    data["target"]["gpu"] = "A100-80GB"  # fp8 on compute capability 8.0: no stack
-    path = tmp_path / "a100.yaml"
+    data["target"]["gpu"] = "V100"  # fp8 on compute capability 7.0: no stack
+    data["engine"]["dtype"] = "float16"  # (the V100 has no bfloat16: that would be found first)
+    path = tmp_path / "v100.yaml"
     path.write_text(yaml.safe_dump(data))
     result = imgfab("validate", str(path), "--json")
     assert result.returncode == 2

@@ -51,6 +51,7 @@ DRIVER = textwrap.dedent('''
 
     engine.inspect_image = inspect_image
     engine.remove_image = remove_image
+    engine.check_engine = lambda compression, facts=None: None  # no engine behind the fake CLI
     {pause}
     from imgfab.cli import main
     sys.argv = ["imgfab", *sys.argv[1:]]

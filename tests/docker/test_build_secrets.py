@@ -56,7 +56,7 @@ def recorder(monkeypatch, tmp_path):
     """Replace engine.build: record its arguments and the pip.conf it is handed, then stop."""
     seen: dict = {}
 
-    def fake_build(context, *, tags, build_args, secrets, network, on_line, no_cache=False):
+    def fake_build(context, *, tags, build_args, secrets, network, on_line, no_cache=False, **_):
         seen.update(tags=list(tags), build_args=dict(build_args))
         if "pip-conf" in secrets:
             path = Path(secrets["pip-conf"])
@@ -163,7 +163,7 @@ def _through_verify(monkeypatch, recorder):
     from imgfab.docker import verify
     from imgfab.payload import measure
 
-    def labelled(image, labels, tags):
+    def labelled(image, labels, tags, **_):
         recorder["tags"] = list(tags)
         raise EngineError("stopped by the test")
 

@@ -92,7 +92,7 @@ def test_build_recipe_takes_back_its_tags_when_naming_cannot_finish(daemon, monk
         daemon[0].update({ref: NEW for ref in tags})
         return engine.BuildResult(image_id=NEW, duration_s=1.0)
 
-    def add_labels_fails(image_id, labels, refs):
+    def add_labels_fails(image_id, labels, refs, **_):
         daemon[0][refs[0]] = NEW
         raise EngineError(f"docker tag {refs[1]} failed: connection reset")
 

@@ -180,7 +180,9 @@ def test_wrong_password_is_not_retried(tiny_image, password):
 
 def test_flaky_network_push_is_retried_then_succeeds(tiny_image, password, monkeypatch,
                                                      credentials):
-    """The daemon's first two connections are reset: two failed attempts, the third pushes.
+    """The daemon's first two connections are reset: failed attempts, then one pushes. Docker
+    20.10 failed an attempt per reset; Docker 26's containerd-store push opens more than one
+    connection per attempt, so both resets may land in one attempt (one retry, or two).
     Credentials are keyed by host:port, so the proxy's address gets them explicitly."""
     from imgfab.docker import registry
     from imgfab.docker.registry import Credentials, push, resolve_digest
@@ -196,7 +198,7 @@ def test_flaky_network_push_is_retried_then_succeeds(tiny_image, password, monke
                    credentials=proxied, attempts=5, on_line=lines.append)
         assert proxy.dropped == 2
     retries = [line for line in lines if line.startswith("retrying")]
-    assert len(retries) == 2 and all("connection reset" in line for line in retries), retries
+    assert 1 <= len(retries) <= 2 and all("connection reset" in line for line in retries), retries
     digest = ref.split("@")[1]
     assert resolve_digest(f"{REGISTRY}/imgfab-test/flaky:{token}", credentials).endswith(digest)
 

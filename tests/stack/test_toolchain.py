@@ -207,8 +207,8 @@ def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(matrix):
     dockerfile = files["Dockerfile"]
     assert "CUDA_HOME=/opt/imgfab/cuda \\" in dockerfile
     # made after the payload, from where it is, and checked there: nvcc must run
-    view = dockerfile.index("RUN tree=$(echo /opt/venv/lib/python3*/site-packages/nvidia/cu13)")
-    assert view > dockerfile.rindex("COPY --from=builder /opt/imgfab/layers/")
+    view = dockerfile.index("tree=$(echo /opt/venv/lib/python3*/site-packages/nvidia/cu13)")
+    assert view > dockerfile.rindex("COPY --link --from=builder /opt/imgfab/layers/")
     assert 'ln -s "$tree/$part" "/opt/imgfab/cuda/$part"' in dockerfile
     assert "&& /opt/imgfab/cuda/bin/nvcc --version" in dockerfile
     assert "ln -s ../lib/libcudart.so.13 /opt/imgfab/cuda/lib64/libcudart.so" in dockerfile
