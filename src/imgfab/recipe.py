@@ -99,6 +99,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
 
 
+class ModelFactsSpec(_Strict):
+    """What the fit check needs of the model, as its config.json and model card state them
+    (``imgfab resolve --weights DIR`` reads the same facts from the weights). Each is optional;
+    a check whose facts are missing is reported as not done."""
+
+    parameters: Annotated[int, Field(ge=1, le=10**14)] | None = Field(
+        None, description="Parameter count, e.g. 8030261248 for Llama-3.1-8B")
+    layers: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json num_hidden_layers")
+    attention_heads: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json num_attention_heads")
+    kv_heads: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json num_key_value_heads (num_attention_heads when absent)")
+    head_size: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json head_dim, else hidden_size / num_attention_heads")
+    max_positions: Annotated[int, Field(ge=16, le=1 << 24)] | None = Field(
+        None, description="config.json max_position_embeddings")
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelFactsSpec":
+        if self.attention_heads and self.kv_heads and self.attention_heads % self.kv_heads:
+            raise ValueError(f"kv_heads: {self.kv_heads} does not divide attention_heads "
+                             f"{self.attention_heads}; copy both from the model's config.json")
+        return self
+
+
 class ModelSpec(_Strict):
     """Which weights the image serves. They are mounted at run time, never baked in."""
 
@@ -110,6 +136,9 @@ class ModelSpec(_Strict):
         None, max_length=100,
         description="The model's licence as an SPDX expression (e.g. Apache-2.0, or "
                     "LicenseRef-llama3.1 for a custom one): the image's org.opencontainers.image.licenses")
+    facts: ModelFactsSpec | None = Field(
+        None, description="What the fit check needs (parameters, layers, heads, head size, max "
+                          "positions); without them the resolver says the fit was not checked")
 
     @field_validator("license")
     @classmethod
@@ -155,8 +184,11 @@ class TargetSpec(_Strict):
 
     gpu: str = Field(max_length=64,
                      description="GPU name from compat/gpus.yaml, e.g. H100-SXM, L4, A100-80GB")
-    count: Annotated[int, Field(ge=1, le=64)] = Field(1, description="GPUs per replica (tensor parallel size)")
-    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    count: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Tensor parallel size: GPUs per pipeline stage. A replica asks for "
+                       "count × pipeline_parallel GPUs")
+    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Pipeline stages; GPUs requested per replica are count × pipeline_parallel")
     driver: str = Field(max_length=32, description="Driver floor the fleet guarantees, e.g. '>=535.104.05'")
     driver_policy: Literal["strict", "minor-compat", "forward-compat"] = Field(
         STRICT, description="strict: image CUDA ≤ what the driver ships; minor-compat: CUDA "

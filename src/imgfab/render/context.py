@@ -30,6 +30,7 @@ from imgfab.in_image.stage import BASE_GROUP
 from imgfab.matrix.compat import Matrix
 from imgfab.payload.lock import Lock, requirement_pins, served_stack
 from imgfab.recipe import Recipe, recipe_hash
+from imgfab.stack.fit import declared_facts, serving_of
 from imgfab.render import shapes, trtllm
 from imgfab.stack.resolve import Stack
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
@@ -37,7 +38,7 @@ from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 
 LABEL_PREFIX = "org.imgfab"
 # Files of the imgfab package copied into every image so the probe runs the resolver's rules.
-PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "probe.py")  # of imgfab.in_image, copied into images
+PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py")  # of imgfab.in_image, copied into images
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -251,6 +252,10 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.tp": str(stack.tensor_parallel),
         f"{p}.pp": str(stack.pipeline_parallel),
         f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
+        # What the probe's fit check needs: how the model is served, and the facts the recipe
+        # declared (the probe prefers the mounted weights' config.json; in_image/fit.py).
+        f"{p}.fit.serving": serving_of(recipe, stack.precision).label(),
+        f"{p}.fit.facts": declared_facts(recipe).label(),
         f"{p}.serve.port": str(recipe.serve.port),
         # What serving compiles on its first start, and where it keeps it (compat/backends.yaml).
         f"{p}.jit": ",".join(sorted(set(stack.jit))),

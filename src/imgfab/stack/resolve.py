@@ -18,7 +18,7 @@ the system CUDA). The ``nvidia/cuda`` base patch of a ``base`` image is not in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -33,7 +33,9 @@ from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
 from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _torch_pin, covered_archs,
                                      evaluate, payload_floors, payload_of, precision_of,
                                      precisions_to_check)
+from imgfab.stack.fit import check_fit
 from imgfab.stack.fixes import _field_for, _nearest_fix
+from imgfab.in_image.fit import ModelFacts
 
 # The names other stations and the tests use, wherever they live in this station.
 __all__ = ["Host", "Rejection", "Resolution", "Stack", "covered_archs", "evaluate", "fits_host",
@@ -101,6 +103,7 @@ class Stack:
     notes: tuple[str, ...]
     sources: tuple[str, ...]
     unconfirmed: tuple[str, ...]
+    fit: str = ""  # the fit check's verdict: "fits: …" with the numbers, or "not checked: …" (stack/fit.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -116,8 +119,13 @@ class Resolution:
     rejections: list[Rejection] = field(default_factory=list)
 
 
-def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolution:
-    """Pick the newest stack that fits; raise CompatibilityError naming every rejected candidate."""
+def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
+            weights: ModelFacts | None = None, weights_from: str = "") -> Resolution:
+    """Pick the newest stack that fits; raise CompatibilityError naming every rejected candidate.
+
+    The stack found, the fit check (:func:`imgfab.stack.fit.check_fit`): the model facts the
+    recipe declares, completed by ``weights`` (read from the weights at ``weights_from``),
+    against the GPU's memory × tp × pp; a model that cannot fit is refused (CompatibilityError)."""
     gpu = matrix.gpu(recipe.target.gpu)
     if gpu is None:
         known = ", ".join(g.name for g in matrix.gpus)
@@ -142,6 +150,8 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None) -> Resolut
                                     driver=driver, policy=policy, os_names=os_names)
         if fields is not None:
             stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
+            # The model on the GPUs: after the stack, so a recipe no image fits is named first.
+            stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from))
             return Resolution(stack=stack, rejections=rejections)
         rejections.append(failures[0])
         failures_by_release.append((release, failures))
