@@ -313,6 +313,10 @@ class ServeSpec(_Strict):
         examples=["Qwen/Qwen2-7B-Instruct", "qwen2-7b"])
     max_model_len: Annotated[int, Field(ge=16, le=1048576)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.05, le=0.99)] = 0.90
+    startup_timeout_s: Annotated[int, Field(ge=60, le=86400)] | None = Field(
+        None, description="How long Kubernetes' startup probe waits for the server (seconds). "
+                          "Default: 15 minutes (an hour for an engine compiled at start), longer "
+                          "for large weights (model.facts.parameters) read at 125 MB/s")
     preset: Literal["chat", "long-context"] = "chat"
     presets: dict[Literal["chat", "long-context"], ServeLimits] = Field(default_factory=dict)
 

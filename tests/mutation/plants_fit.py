@@ -59,3 +59,24 @@ PLANTS = [
          old='        f"{p}.fit.serving": serving_of(recipe, stack.precision).label(),\n', new="",
          first=("tests/render/test_render.py",)),
 ]
+
+ARTIFACTS = ("tests/render/test_artifacts.py",)
+PLANTS += [
+    dict(name="fit: k8s places no memory term", path="render/placement.py",
+         old="    if per_gpu_mib is not None:\n        terms.append(", new="    if False:\n        terms.append(",
+         first=ARTIFACTS),
+    dict(name="fit: k8s memory term off by the Gt bound", path="render/placement.py",
+         old='"values": [str(per_gpu_mib - 1)]}', new='"values": [str(per_gpu_mib)]}', first=ARTIFACTS),
+    dict(name="fit: k8s places no GPU-count term", path="render/placement.py",
+         old='    terms.append({"key": GPU_COUNT, "operator": "Gt", "values": [str(gpus_per_pod - 1)]})\n',
+         new="", first=ARTIFACTS),
+    dict(name="fit: k8s engine not pinned to its product", path="render/context.py",
+         old="    if stack.arch_exact:  # a TensorRT engine runs on the GPU it was built for\n",
+         new="    if False:\n", first=ARTIFACTS),
+    dict(name="fit: startup budget ignores the weights", path="render/context.py",
+         old="    return max(base, int(LOAD_SETUP_S + weights / LOAD_BYTES_PER_S))\n",
+         new="    return base\n", first=ARTIFACTS),
+    dict(name="fit: startup budget ignores serve.startup_timeout_s", path="render/context.py",
+         old="    if recipe.serve.startup_timeout_s is not None:\n", new="    if False:\n",
+         first=ARTIFACTS),
+]

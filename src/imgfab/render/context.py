@@ -30,7 +30,8 @@ from imgfab.in_image.stage import BASE_GROUP
 from imgfab.matrix.compat import Matrix
 from imgfab.payload.lock import Lock, requirement_pins, served_stack
 from imgfab.recipe import Recipe, recipe_hash
-from imgfab.stack.fit import declared_facts, serving_of
+from imgfab.in_image.fit import WEIGHT_BYTES
+from imgfab.stack.fit import declared_facts, per_gpu_need_mib, serving_of
 from imgfab.render import shapes, trtllm
 from imgfab.stack.resolve import Stack
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
@@ -482,16 +483,51 @@ K8S_MEMORY_PER_GPU_GI = 16
 K8S_ENGINE_STORAGE = "64Gi"
 
 
+# The startup probe's budget. Model loading takes minutes and an engine compiled on first start
+# up to an hour; large weights take longer still: read at LOAD_BYTES_PER_S, the baseline
+# throughput of an AWS gp3 volume (125 MB/s, its documented default), after LOAD_SETUP_S of
+# start-up. serve.startup_timeout_s overrides it.
+STARTUP_PERIOD_S = 10
+STARTUP_BASE_S = 900
+STARTUP_COMPILE_S = 3600
+LOAD_BYTES_PER_S = 125e6
+LOAD_SETUP_S = 300
+
+
+def startup_budget_s(recipe: Recipe, stack: Stack, at_start: bool) -> int:
+    """Seconds Kubernetes waits for the server to answer /health the first time."""
+    if recipe.serve.startup_timeout_s is not None:
+        return recipe.serve.startup_timeout_s
+    base = STARTUP_COMPILE_S if at_start else STARTUP_BASE_S
+    facts = declared_facts(recipe)
+    if facts.parameters is None:
+        return base
+    weights = facts.parameters * WEIGHT_BYTES.get(stack.precision, 2.0)
+    return max(base, int(LOAD_SETUP_S + weights / LOAD_BYTES_PER_S))
+
+
 def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: Matrix,
                  plan: trtllm.EnginePlan | None) -> dict[str, Any]:
     """What k8s.yaml lays out: placement from the image's own rules, requests, claims."""
-    from imgfab.render.placement import allowed_compute_capabilities, node_affinity_terms
+    from imgfab.render.placement import (allowed_compute_capabilities, capacity_terms,
+                                         node_affinity_terms, product_label)
 
     terms = node_affinity_terms(labels, matrix)
     if not terms:
         raise RecipeError("no GPU in compat/gpus.yaml passes this image's own rules, so a "
                           "Kubernetes pod of it could be placed nowhere", field="target.gpu")
     gpus = stack.tensor_parallel * stack.pipeline_parallel
+    per_gpu_mib = per_gpu_need_mib(recipe, stack.precision)
+    products: tuple[str, ...] = ()
+    if stack.arch_exact:  # a TensorRT engine runs on the GPU it was built for
+        record = matrix.gpu(stack.gpu)
+        products = tuple(n.name for n in record.nvml_names) if record is not None else ()
+        if not products:
+            raise RecipeError(f"compat/gpus.yaml names no NVML product name for {stack.gpu}, so "
+                              "the engine's pods cannot be pinned to it (nvidia.com/gpu.product)",
+                              field="target.gpu", fix=f"add {stack.gpu}'s nvml_names to compat/gpus.yaml")
+    fit = capacity_terms(per_gpu_mib=per_gpu_mib, gpus_per_pod=gpus, products=products)
+    terms = [term + fit for term in terms]
     memory_gi = K8S_MEMORY_PER_GPU_GI * gpus + -(-size_bytes(recipe.image.shm_size) // 1024**3)
     selector = {"app.kubernetes.io/name": recipe.name}
     at_start = plan is not None and plan.strategy == "at-start"
@@ -500,6 +536,9 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
         "selector": selector,
         "compute_capabilities": allowed_compute_capabilities(labels, matrix),
         "affinity_terms": terms,
+        "gpu_memory_mib": per_gpu_mib,
+        "gpus_per_pod": gpus,
+        "products": sorted({product_label(p) for p in products}),
         "cpu_per_gpu": K8S_CPU_PER_GPU,
         "memory_per_gpu": f"{K8S_MEMORY_PER_GPU_GI}Gi",
         "requests": {"cpu": str(K8S_CPU_PER_GPU * gpus), "memory": f"{memory_gi}Gi"},
@@ -508,8 +547,8 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
         "engine_claim": f"{recipe.name}-engines",
         "engine_storage": K8S_ENGINE_STORAGE,
         "calibration_configmap": f"{recipe.name}-calibration",
-        # Model loading takes minutes; an engine compiled on first start takes up to an hour.
-        "startup_failures": 360 if at_start else 90,
+        "startup_budget_s": startup_budget_s(recipe, stack, at_start),
+        "startup_failures": -(-startup_budget_s(recipe, stack, at_start) // STARTUP_PERIOD_S),
     }
 
 
