@@ -189,6 +189,12 @@ class TargetSpec(_Strict):
                        "count × pipeline_parallel GPUs")
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = Field(
         1, description="Pipeline stages; GPUs requested per replica are count × pipeline_parallel")
+    nodes: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Nodes one replica spans (vLLM on Ray; a Kubernetes LeaderWorkerSet). "
+                       "Tensor parallelism stays inside a node, pipeline stages are split across "
+                       "nodes, as vLLM's multi-node guide runs tp 8 × pp 2 on two 8-GPU nodes: "
+                       "pipeline_parallel must be a multiple of nodes, and each node runs "
+                       "count × pipeline_parallel / nodes GPUs")
     driver: str = Field(max_length=32, description="Driver floor the fleet guarantees, e.g. '>=535.104.05'")
     driver_policy: Literal["strict", "minor-compat", "forward-compat"] = Field(
         STRICT, description="strict: image CUDA ≤ what the driver ships; minor-compat: CUDA "
@@ -203,6 +209,14 @@ class TargetSpec(_Strict):
             space = " with no surrounding space" if _DRIVER_SPEC.fullmatch(value.strip()) else ""
             raise ValueError(f"must be a floor like '>=535.104.05'{space} (the oldest driver in the fleet)")
         return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> "TargetSpec":
+        if self.pipeline_parallel % self.nodes:
+            raise ValueError(f"pipeline_parallel: {self.pipeline_parallel} stages cannot be split "
+                             f"evenly over {self.nodes} nodes (tensor parallelism stays inside a "
+                             f"node); make pipeline_parallel a multiple of target.nodes")
+        return self
 
     @property
     def driver_floor(self) -> str:
@@ -397,6 +411,10 @@ class Recipe(_Strict):
         trt = self.backend.name == Backend.TENSORRT_LLM.value
         if self.engine.calibration is not None and self.engine.quantization == "none":
             raise ValueError("engine.calibration: only used with a quantization")
+        if trt and self.target.nodes > 1:
+            raise ValueError("target.nodes: TensorRT-LLM across nodes is launched with MPI (mpirun, "
+                             "one rank per GPU on every node), which imgfab does not render; serve "
+                             "it on one node (target.nodes: 1) or with backend.name: vllm")
         if trt and self.backend.trtllm_path is None:
             raise ValueError("backend.trtllm_path: required for tensorrt-llm: 'pytorch' "
                              "(serve the checkpoint) or 'engine' (compile a TensorRT engine)")

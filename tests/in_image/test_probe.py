@@ -432,7 +432,7 @@ def test_fit_judges_the_smallest_gpu_and_counts_them(write_labels, tmp_path):
                                           "utilization=0.9,tp=2,pp=1"})
     one = run(labels)
     assert one.exit_code == probe.EXIT_HOST_WRONG
-    assert lines_of(one, "fit") == ["FAIL fit: sees 1 GPU(s); the image serves on 2 (tp=2 pp=1); "
+    assert lines_of(one, "fit") == ["FAIL fit: sees 1 GPU(s); the image serves on 2 per node (tp=2 pp=1); "
                                     "fix: start the container with 2 GPUs (--gpus all on a host "
                                     "that has them)"]
     small = ("NVIDIA T4", (7, 5), 4 * 2**30)

@@ -606,6 +606,15 @@ def test_placement_by_what_fits_70b_on_four_gpus(matrix, tmp_path):
     assert not _node_matches(terms, dict(h100, **{"nvidia.com/gpu.count": "2"}))
     assert _node_matches(terms, _gfd_node("8.0", 40960, 4, "NVIDIA-A100-SXM4-40GB"))  # 38.1 GB each
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    from imgfab.recipe import parse_recipe
+    from imgfab.stack.fit import per_gpu_need_mib
+
+    need = per_gpu_need_mib(parse_recipe(data), "bf16")
+    assert need is not None and 38000 < need < 38200
+    exact = dict(h100, **{"nvidia.com/gpu.memory": str(need)})
+    assert _node_matches(terms, exact)  # memory >= need, not >
+    assert not _node_matches(terms, dict(exact, **{"nvidia.com/gpu.memory": str(need - 1)}))
+    assert _node_matches(terms, dict(h100, **{"nvidia.com/gpu.count": "4"}))  # count >= 4
 
 
 def test_an_engine_is_placed_on_its_own_gpu_product(matrix, tmp_path):

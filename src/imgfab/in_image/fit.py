@@ -189,14 +189,19 @@ class Serving:
     utilization: float  # serve.gpu_memory_utilization
     tp: int
     pp: int
+    nodes: int = 1  # target.nodes: the replica's GPUs are split evenly over them
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
 
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
     def label(self) -> str:
         return (f"precision={self.precision},kv={self.kv_cache_dtype},max_len={self.max_len},"
-                f"utilization={self.utilization},tp={self.tp},pp={self.pp}")
+                f"utilization={self.utilization},tp={self.tp},pp={self.pp},nodes={self.nodes}")
 
     @classmethod
     def from_label(cls, text: str) -> "Serving":
@@ -205,7 +210,7 @@ class Serving:
             return cls(precision=values["precision"], kv_cache_dtype=values["kv"],
                        max_len=int(values["max_len"]),
                        utilization=float(values["utilization"]), tp=int(values["tp"]),
-                       pp=int(values["pp"]))
+                       pp=int(values["pp"]), nodes=int(values.get("nodes", "1")))
         except (KeyError, ValueError):
             raise FactsError(f"bad serving description {text!r}") from None
 

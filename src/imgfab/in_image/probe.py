@@ -299,11 +299,11 @@ def check_fit(facts: ImageFacts, host: HostFacts) -> list[Finding]:
                                                                   f"{facts.model_mount}"), FAIL, HOST)]
     if not host.gpus:
         return _no_gpu("fit", host)
-    shape = f"tp={serving.tp} pp={serving.pp}"
-    if len(host.gpus) < serving.gpus:
+    shape = f"tp={serving.tp} pp={serving.pp}" + (f" over {serving.nodes} nodes" if serving.nodes > 1 else "")
+    if len(host.gpus) < serving.gpus_per_node:
         return [Finding(rules.Verdict(False, "fit", f"sees {len(host.gpus)} GPU(s); the image serves "
-                                                    f"on {serving.gpus} ({shape})",
-                                      f"start the container with {serving.gpus} GPUs "
+                                                    f"on {serving.gpus_per_node} per node ({shape})",
+                                      f"start the container with {serving.gpus_per_node} GPUs "
                                       f"(--gpus all on a host that has them)"), FAIL, HOST)]
     problem = fit.positions_problem(model, serving.max_len) or fit.heads_problem(model, serving.tp)
     if problem:
@@ -315,7 +315,7 @@ def check_fit(facts: ImageFacts, host: HostFacts) -> list[Finding]:
         return [Finding(rules.Verdict(True, "fit", f"fit not checked: {where} lacks "
                                       f"{', '.join(model.missing(('parameters', 'layers', 'kv_heads', 'head_size')))}"),
                         SKIP)]
-    used = host.gpus[:serving.gpus]
+    used = host.gpus[:serving.gpus_per_node]  # every node alike: the smallest GPU here decides
     sizes = [g.memory_bytes for g in used]
     if any(size is None for size in sizes):
         return [Finding(rules.Verdict(True, "fit", "NVML does not report the GPUs' memory: "

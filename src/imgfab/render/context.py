@@ -39,7 +39,12 @@ from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 
 LABEL_PREFIX = "org.imgfab"
 # Files of the imgfab package copied into every image so the probe runs the resolver's rules.
-PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py")  # of imgfab.in_image, copied into images
+PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py", "cluster.py")  # of imgfab.in_image
+# The label LeaderWorkerSet puts on each pod of a group, the leader's "0"
+# (kubernetes-sigs/lws@v0.10.0:api/leaderworkerset/v1/leaderworkerset_types.go, WorkerIndexLabelKey).
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+# The Ray head's GCS port on a multi-node leader (Ray's default).
+RAY_PORT = 6379
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -252,6 +257,7 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.kv_cache_dtype": stack.kv_cache_dtype,
         f"{p}.tp": str(stack.tensor_parallel),
         f"{p}.pp": str(stack.pipeline_parallel),
+        f"{p}.nodes": str(stack.nodes),
         f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
         # What the probe's fit check needs: how the model is served, and the facts the recipe
         # declared (the probe prefers the mounted weights' config.json; in_image/fit.py).
@@ -298,6 +304,8 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
                     "--gpu-memory-utilization", str(recipe.serve.gpu_memory_utilization),
                     "--max-num-seqs", str(limits["max_num_seqs"]),
                     "--max-num-batched-tokens", str(limits["max_num_batched_tokens"])]
+            if stack.nodes > 1:  # the leader drives the workers' GPUs through Ray
+                argv += ["--distributed-executor-backend", "ray"]
             argv.append("--enable-chunked-prefill" if limits["enable_chunked_prefill"]
                         else "--no-enable-chunked-prefill")
             argv.append("--enable-prefix-caching" if limits["enable_prefix_caching"]
@@ -389,7 +397,9 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "shm_size": recipe.image.shm_size,
         "shm_bytes": size_bytes(recipe.image.shm_size),
         "shm_k8s": _k8s_quantity(recipe.image.shm_size),
-        "gpu_count": stack.tensor_parallel * stack.pipeline_parallel,
+        "gpu_count": stack.tensor_parallel * stack.pipeline_parallel // stack.nodes,
+        "nodes": stack.nodes,
+        "ray_port": RAY_PORT,
         "health_path": "/health",
         "engine": _engine_context(plan, recipe),
         "engine_volume": f"imgfab-{recipe.name}-engines",
@@ -484,8 +494,8 @@ K8S_ENGINE_STORAGE = "64Gi"
 
 
 # The startup probe's budget. Model loading takes minutes and an engine compiled on first start
-# up to an hour; large weights take longer still: read at LOAD_BYTES_PER_S, the baseline
-# throughput of an AWS gp3 volume (125 MB/s, its documented default), after LOAD_SETUP_S of
+# up to an hour; large weights take longer still: read at LOAD_BYTES_PER_S, about the baseline
+# throughput of an AWS gp3 volume (125 MiB/s, its documented default), after LOAD_SETUP_S of
 # start-up. serve.startup_timeout_s overrides it.
 STARTUP_PERIOD_S = 10
 STARTUP_BASE_S = 900
@@ -516,7 +526,7 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
     if not terms:
         raise RecipeError("no GPU in compat/gpus.yaml passes this image's own rules, so a "
                           "Kubernetes pod of it could be placed nowhere", field="target.gpu")
-    gpus = stack.tensor_parallel * stack.pipeline_parallel
+    gpus = stack.tensor_parallel * stack.pipeline_parallel // stack.nodes  # one pod per node
     per_gpu_mib = per_gpu_need_mib(recipe, stack.precision)
     products: tuple[str, ...] = ()
     if stack.arch_exact:  # a TensorRT engine runs on the GPU it was built for
@@ -534,6 +544,9 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
     return {
         "labels": selector | {"app.kubernetes.io/managed-by": "imgfab"},
         "selector": selector,
+        # A LeaderWorkerSet's Service reaches the leader only: LWS labels each pod with its
+        # index in the group, the leader's is 0.
+        "service_selector": selector | ({LWS_WORKER_INDEX: "0"} if stack.nodes > 1 else {}),
         "compute_capabilities": allowed_compute_capabilities(labels, matrix),
         "affinity_terms": terms,
         "gpu_memory_mib": per_gpu_mib,

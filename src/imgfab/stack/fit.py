@@ -31,7 +31,8 @@ def serving_of(recipe: Recipe, precision: str) -> Serving:
     return Serving(precision=precision, kv_cache_dtype=recipe.engine.kv_cache_dtype,
                    max_len=max_len_of(recipe),
                    utilization=recipe.serve.gpu_memory_utilization,
-                   tp=recipe.target.count, pp=recipe.target.pipeline_parallel)
+                   tp=recipe.target.count, pp=recipe.target.pipeline_parallel,
+                   nodes=recipe.target.nodes)
 
 
 def max_len_of(recipe: Recipe) -> int:

@@ -103,6 +103,7 @@ class Stack:
     notes: tuple[str, ...]
     sources: tuple[str, ...]
     unconfirmed: tuple[str, ...]
+    nodes: int = 1  # target.nodes: vLLM on a Ray cluster of this many nodes (tp within, pp across)
     fit: str = ""  # the fit check's verdict: "fits: …" with the numbers, or "not checked: …" (stack/fit.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,7 +152,8 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
         if fields is not None:
             stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
             # The model on the GPUs: after the stack, so a recipe no image fits is named first.
-            stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from))
+            stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from),
+                            nodes=recipe.target.nodes)
             return Resolution(stack=stack, rejections=rejections)
         rejections.append(failures[0])
         failures_by_release.append((release, failures))
