@@ -84,7 +84,7 @@ def _driver_option(value: str | None, flag: str = "--driver") -> str | None:
     return value
 
 
-def _load(recipe_path: str, compat_dir: str | None, driver: str | None):
+def _load(recipe_path: str, compat_dir: str | None, driver: str | None, weights: str | None = None):
     from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import load_recipe
     from imgfab.stack.resolve import Host, resolve
@@ -92,7 +92,23 @@ def _load(recipe_path: str, compat_dir: str | None, driver: str | None):
     recipe = load_recipe(recipe_path)
     matrix = load_matrix(Path(compat_dir) if compat_dir else None)
     host = Host(driver=driver) if driver else None
-    return recipe, matrix, resolve(recipe, matrix, host)
+    read = _weights_facts(weights) if weights else None
+    return recipe, matrix, resolve(recipe, matrix, host, read, f"{weights}/config.json" if weights else "")
+
+
+def _weights_facts(directory: str):
+    """The model facts of a weights directory (config.json, safetensors headers); RecipeError
+    (exit 2) naming --weights when they cannot be read."""
+    from imgfab.in_image.fit import FactsError, read_model_dir
+
+    if not Path(directory).is_dir():
+        raise RecipeError(f"{directory} is not a directory", field="--weights",
+                          fix="give the directory holding the model's config.json")
+    try:
+        return read_model_dir(directory)
+    except FactsError as exc:
+        raise RecipeError(str(exc), field="--weights",
+                          fix="give the model's directory as downloaded (config.json, *.safetensors)") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -118,8 +134,12 @@ json_option = click.option("--json", "as_json", is_flag=True,
 @click.option("--driver", help="Resolve for this exact host driver instead of the recipe's floor.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the stack and every rejection as one JSON object (a failure too).")
+@click.option("--weights", type=click.Path(), default=None,
+              help="The model's directory: its config.json and safetensors headers give the fit "
+                   "check the facts the recipe does not declare (and must agree with those it does).")
 @compat_option
-def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | None) -> None:
+def resolve(recipe: str, driver: str | None, as_json: bool, weights: str | None,
+            compat_dir: str | None) -> None:
     """Print the stack RECIPE resolves to and why each other candidate was rejected."""
     from dataclasses import replace
 
@@ -134,8 +154,10 @@ def resolve(recipe: str, driver: str | None, as_json: bool, compat_dir: str | No
     host_driver = _driver_option(driver)
     parsed = load_recipe(recipe)
     matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    read = _weights_facts(weights) if weights else None
     try:
-        resolution = resolve_stack(parsed, matrix, Host(driver=host_driver) if host_driver else None)
+        resolution = resolve_stack(parsed, matrix, Host(driver=host_driver) if host_driver else None,
+                                   read, f"{weights}/config.json" if weights else "")
     except CompatibilityError as error:
         if as_json:  # every candidate and the constraint that eliminated it
             _emit_failure("resolve", error, stack=None, rejected=error.rejected,

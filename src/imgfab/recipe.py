@@ -100,6 +100,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
 
 
+class ModelFactsSpec(_Strict):
+    """What the fit check needs of the model, as its config.json and model card state them
+    (``imgfab resolve --weights DIR`` reads the same facts from the weights). Each is optional;
+    a check whose facts are missing is reported as not done."""
+
+    parameters: Annotated[int, Field(ge=1, le=10**14)] | None = Field(
+        None, description="Parameter count, e.g. 8030261248 for Llama-3.1-8B", examples=[8030261248])
+    layers: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json num_hidden_layers", examples=[32])
+    attention_heads: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json num_attention_heads", examples=[32])
+    kv_heads: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json num_key_value_heads (num_attention_heads when absent)",
+        examples=[8])
+    head_size: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="config.json head_dim, else hidden_size / num_attention_heads",
+        examples=[128])
+    max_positions: Annotated[int, Field(ge=16, le=1 << 24)] | None = Field(
+        None, description="config.json max_position_embeddings", examples=[131072])
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelFactsSpec":
+        if self.attention_heads and self.kv_heads and self.attention_heads % self.kv_heads:
+            raise ValueError(f"kv_heads: {self.kv_heads} does not divide attention_heads "
+                             f"{self.attention_heads}; copy both from the model's config.json")
+        return self
+
+
 class ModelSpec(_Strict):
     """Which weights the image serves. They are mounted at run time, never baked in."""
 
@@ -115,6 +143,11 @@ class ModelSpec(_Strict):
         description="The model's licence as an SPDX expression (e.g. Apache-2.0, or "
                     "LicenseRef-llama3.1 for a custom one): the image's org.opencontainers.image.licenses",
         examples=["Apache-2.0", "LicenseRef-llama3.1"])
+    facts: ModelFactsSpec | None = Field(
+        None, description="What the fit check needs (parameters, layers, heads, head size, max "
+                          "positions); without them the resolver says the fit was not checked",
+        examples=[{"parameters": 8030261248, "layers": 32, "attention_heads": 32, "kv_heads": 8,
+                   "head_size": 128, "max_positions": 131072}])
 
     @field_validator("license")
     @classmethod
@@ -162,11 +195,18 @@ class TargetSpec(_Strict):
                      description="GPU name from compat/gpus.yaml, e.g. H100-SXM, L4, A100-80GB",
                      examples=["H100-SXM", "L40S"])
     count: Annotated[int, Field(ge=1, le=64)] = Field(
-        1, description="GPUs per replica (tensor parallel size)", examples=[1, 2])
+        1, description="Tensor parallel size: GPUs per pipeline stage. A replica asks for "
+                       "count × pipeline_parallel GPUs", examples=[1, 2])
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = Field(
         1, description="Pipeline-parallel stages per replica (vLLM --pipeline-parallel-size, "
-                        "trtllm-build --pp_size); a replica uses count × pipeline_parallel GPUs",
+                        "trtllm-build --pp_size); GPUs requested per replica are count × pipeline_parallel",
         examples=[1, 2])
+    nodes: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Nodes one replica spans (vLLM on Ray; a Kubernetes LeaderWorkerSet). "
+                       "Tensor parallelism stays inside a node, pipeline stages are split across "
+                       "nodes, as vLLM's multi-node guide runs tp 8 × pp 2 on two 8-GPU nodes: "
+                       "pipeline_parallel must be a multiple of nodes, and each node runs "
+                       "count × pipeline_parallel / nodes GPUs", examples=[1, 2])
     driver: str = Field(max_length=32, description="Driver floor the fleet guarantees, e.g. '>=535.104.05'",
                         examples=[">=535.104.05", ">=550.54.15"])
     driver_policy: Literal["strict", "minor-compat", "forward-compat"] = Field(
@@ -183,6 +223,14 @@ class TargetSpec(_Strict):
             space = " with no surrounding space" if _DRIVER_SPEC.fullmatch(value.strip()) else ""
             raise ValueError(f"must be a floor like '>=535.104.05'{space} (the oldest driver in the fleet)")
         return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> "TargetSpec":
+        if self.pipeline_parallel % self.nodes:
+            raise ValueError(f"pipeline_parallel: {self.pipeline_parallel} stages cannot be split "
+                             f"evenly over {self.nodes} nodes (tensor parallelism stays inside a "
+                             f"node); make pipeline_parallel a multiple of target.nodes")
+        return self
 
     @property
     def driver_floor(self) -> str:
@@ -323,6 +371,11 @@ class ServeSpec(_Strict):
     gpu_memory_utilization: Annotated[float, Field(gt=0.05, le=0.99)] = Field(
         0.90, description="Share of GPU memory vLLM may take for weights and KV cache",
         examples=[0.9])
+    startup_timeout_s: Annotated[int, Field(ge=60, le=86400)] | None = Field(
+        None, description="How long Kubernetes' startup probe waits for the server (seconds). "
+                          "Default: 15 minutes (an hour for an engine compiled at start), longer "
+                          "for large weights (model.facts.parameters) read at 125 MB/s",
+        examples=[3600])
     preset: Literal["chat", "long-context"] = Field(
         "chat", description="The workload shape served by default: chat (many short turns) or "
                             "long-context (few long documents)", examples=["chat"])
@@ -424,6 +477,10 @@ class Recipe(_Strict):
         trt = self.backend.name == Backend.TENSORRT_LLM.value
         if self.engine.calibration is not None and self.engine.quantization == "none":
             raise ValueError("engine.calibration: only used with a quantization")
+        if trt and self.target.nodes > 1:
+            raise ValueError("target.nodes: TensorRT-LLM across nodes is launched with MPI (mpirun, "
+                             "one rank per GPU on every node), which imgfab does not render; serve "
+                             "it on one node (target.nodes: 1) or with backend.name: vllm")
         if trt and self.backend.trtllm_path is None:
             raise ValueError("backend.trtllm_path: required for tensorrt-llm: 'pytorch' "
                              "(serve the checkpoint) or 'engine' (compile a TensorRT engine)")

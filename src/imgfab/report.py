@@ -27,7 +27,11 @@ def print_resolution(resolution: Resolution) -> None:
         ("gpu", f"{stack.gpu} (compute capability {stack.compute_capability}, {stack.sm})"),
         ("kernels for", ", ".join(stack.archs) + (" (exact: TensorRT engine)" if stack.arch_exact else "")),
         ("precision", f"{stack.precision}, kv-cache {stack.kv_cache_dtype}"),
-        ("parallelism", f"tp={stack.tensor_parallel} pp={stack.pipeline_parallel}"),
+        ("parallelism", f"tp={stack.tensor_parallel} pp={stack.pipeline_parallel} "
+                        f"({stack.tensor_parallel * stack.pipeline_parallel} GPUs per replica"
+                        + (f", {stack.tensor_parallel * stack.pipeline_parallel // stack.nodes} on each of "
+                           f"{stack.nodes} nodes, Ray" if stack.nodes > 1 else "") + ")"),
+        ("fit", stack.fit or "-"),
         ("driver floor", f"{stack.driver_floor} ({stack.driver_policy}; strict {stack.strict_floor}, "
                          f"minor-compat {stack.compat_floor or '-'})"),
         ("NVIDIA_REQUIRE_CUDA", stack.nvidia_require_cuda),

@@ -14,6 +14,7 @@ from imgfab.in_image import facts, probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from fake_nvml import A100, H100, L4, FakeCuda, FakeNvml  # noqa: E402
+from model_facts import write_model_dir  # noqa: E402
 
 VLLM_LABELS = {
     "org.imgfab.backend": "vllm", "org.imgfab.backend.version": "0.11.0",
@@ -28,15 +29,16 @@ VLLM_LABELS = {
     "org.imgfab.tp": "1", "org.imgfab.pp": "1", "org.imgfab.shm.min_bytes": "1048576",
     "org.imgfab.model.mount": "/models/qwen2-7b",
     "org.imgfab.weights.required": "config.json,*.safetensors|*.bin",
+    "org.imgfab.fit.serving": "precision=fp8,kv=fp8,max_len=32768,utilization=0.9,tp=1,pp=1",
+    "org.imgfab.fit.facts": "attention_heads=28,head_size=128,kv_heads=4,layers=28,"
+                            "max_positions=32768,parameters=7615616512",
 }
 
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    (directory / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 8)
+    directory = write_model_dir(tmp_path / "model", "Qwen2-7B")
+    (directory / "model.safetensors").rename(directory / "model-00001-of-00002.safetensors")
     return directory
 
 
@@ -72,7 +74,7 @@ def lines_of(report: probe.ProbeReport, check: str) -> list[str]:
 def test_passing_host(write_labels):
     report = run(write_labels())
     assert report.exit_code == 0, report.lines()
-    assert [f.status for f in report.findings] == ["PASS"] * 7
+    assert [f.status for f in report.findings] == ["PASS"] * 8
     assert report.host.driver == "580.95.05"
     assert lines_of(report, "driver") == [
         "PASS driver: driver 580.95.05 ≥ 570.124.06 (CUDA 12.8.1, strict)"]
@@ -188,7 +190,7 @@ def test_no_nvml_cannot_check(write_labels):
     assert report.exit_code == probe.EXIT_CANNOT_CHECK
     assert {f.verdict.check: f.status for f in report.findings} == {
         "driver": "NOT RUN", "mode": "SKIP", "arch": "NOT RUN", "precision": "NOT RUN",
-        "cuda": "NOT RUN", "shm": "PASS", "weights": "PASS"}
+        "cuda": "NOT RUN", "shm": "PASS", "fit": "NOT RUN", "weights": "PASS"}
     assert "start the container with --gpus all" in lines_of(report, "driver")[0]
 
 
@@ -268,7 +270,7 @@ def test_incomplete_weights_are_host_wrong(write_labels, model_dir):
 def test_skip_is_reported_and_not_a_failure(write_labels, tmp_path):
     report = run(write_labels({"model.mount": str(tmp_path / "nowhere")}),
                  nvml=FakeNvml(gpus=[]),
-                 skip=frozenset({"weights", "driver", "arch", "precision", "cuda"}))
+                 skip=frozenset({"weights", "driver", "arch", "precision", "cuda", "fit"}))
     assert report.exit_code == 0
     assert lines_of(report, "weights") == ["SKIP weights: skipped by --skip"]
 
@@ -286,7 +288,7 @@ def test_cli_json_report_and_exit_code(write_labels, capsys, monkeypatch):
     assert report["host"]["gpus"] == [
         {"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}]
     assert [c["status"] for c in report["checks"]] == ["FAIL", "SKIP", "PASS", "PASS", "PASS", "SKIP",
-                                                       "PASS"]
+                                                       "PASS", "PASS"]
 
 
 def test_cli_rejects_unknown_skip(capsys):
@@ -398,3 +400,65 @@ def test_weights_reached_through_symbolic_links_are_fine(write_labels, model_dir
     (model_dir / "config.json").unlink()
     (model_dir / "config.json").symlink_to(blob)
     assert run(write_labels()).exit_code == 0
+
+
+# The fit check at start: the mounted weights' config.json on the GPUs NVML sees.
+
+def test_fit_passes_with_the_numbers(write_labels):
+    report = run(write_labels())
+    (line,) = lines_of(report, "fit")
+    assert line.startswith("PASS fit: 7.6 GB of weights + 0.9 GB of KV cache (32768 tokens) = 8.6 GB"
+                           " ≤ 77.3 GB (1× NVIDIA H100 80GB HBM3 (80.0 GiB) at 0.9)")
+
+
+def test_fit_refuses_a_model_that_does_not_fit_the_gpus_seen(write_labels, tmp_path):
+    big = write_model_dir(tmp_path / "big", "Llama-3.1-70B")
+    report = run(write_labels({"model.mount": str(big), "fit.facts": "",
+                               "fit.serving": "precision=bf16,kv=auto,max_len=8192,"
+                                              "utilization=0.9,tp=1,pp=1"}))
+    assert report.exit_code == probe.EXIT_HOST_WRONG
+    (line,) = lines_of(report, "fit")
+    assert line.startswith(f"FAIL fit: the model ({big}/config.json) needs 141.1 GB of weights "
+                           "(70.6B parameters in bf16), 1× NVIDIA H100 80GB HBM3 (80.0 GiB) hold 77.3 GB")
+    two = run(write_labels({"model.mount": str(big), "fit.facts": "",
+                            "fit.serving": "precision=bf16,kv=auto,max_len=8192,"
+                                           "utilization=0.9,tp=2,pp=1"}),
+              nvml=FakeNvml(gpus=[H100, H100]))
+    assert lines_of(two, "fit")[0].startswith("PASS fit: 141.1 GB of weights")
+
+
+def test_fit_judges_the_smallest_gpu_and_counts_them(write_labels, tmp_path):
+    labels = write_labels({"fit.serving": "precision=bf16,kv=auto,max_len=32768,"
+                                          "utilization=0.9,tp=2,pp=1"})
+    one = run(labels)
+    assert one.exit_code == probe.EXIT_HOST_WRONG
+    assert lines_of(one, "fit") == ["FAIL fit: sees 1 GPU(s); the image serves on 2 per node (tp=2 pp=1); "
+                                    "fix: start the container with 2 GPUs (--gpus all on a host "
+                                    "that has them)"]
+    small = ("NVIDIA T4", (7, 5), 4 * 2**30)
+    mixed = run(labels, nvml=FakeNvml(gpus=[H100, small]))
+    assert "2× NVIDIA T4 (4.0 GiB) hold 7.7 GB" in lines_of(mixed, "fit")[0]
+
+
+def test_fit_refuses_heads_and_positions_of_the_mounted_model(write_labels):
+    heads = run(write_labels({"fit.serving": "precision=fp8,kv=fp8,max_len=32768,"
+                                             "utilization=0.9,tp=3,pp=1"}),
+                nvml=FakeNvml(gpus=[H100] * 3))
+    assert "28 attention heads are not divisible by tensor parallel size 3" in lines_of(heads, "fit")[0]
+    assert heads.exit_code == probe.EXIT_HOST_WRONG
+    long = run(write_labels({"fit.serving": "precision=fp8,kv=fp8,max_len=65536,"
+                                            "utilization=0.9,tp=1,pp=1"}))
+    assert "max length 65536 is above the model's 32768 positions" in lines_of(long, "fit")[0]
+
+
+def test_fit_without_facts_or_labels_is_skipped_not_passed(write_labels, tmp_path):
+    old = run(write_labels({"fit.serving": ""}))
+    assert lines_of(old, "fit")[0].startswith("SKIP fit: the image declares no serving shape")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text('{"num_attention_heads": 28}')
+    (bare / "w.bin").write_text("")
+    none = run(write_labels({"model.mount": str(bare), "fit.facts": ""}))
+    assert lines_of(none, "fit")[0].startswith("SKIP fit: fit not checked: ")
+    broken = run(write_labels({"fit.serving": "precision=fp8"}))
+    assert broken.exit_code == probe.EXIT_IMAGE_WRONG

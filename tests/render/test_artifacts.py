@@ -539,19 +539,109 @@ def test_k8s_placement_is_selects_rules(name, strategy, matrix, tmp_path):
     for delta in ((0, 0, -1), (0, 0, 1), (0, -1, 0), (0, 1, 0), (-1, 0, 0), (1, 0, 0)):
         parts = [max(0, a + b) for a, b in zip(floor, delta)]
         drivers.add(f"{parts[0]}.{parts[1]}.{parts[2]:02d}")
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.fit import per_gpu_need_mib
+
+    recipe = load_recipe(REPO / "recipes" / f"{name}.yaml")
+    need = per_gpu_need_mib(recipe, stack.precision)
+    assert need is not None  # every example declares its model facts
     admitted = 0
     for gpu in matrix.gpus:
         for driver in sorted(drivers):
             major, minor, rev = driver.split(".")
+            # GFD's labels of an 8-GPU node of this GPU: total memory in MiB (nominal here), the
+            # product as NVML names it with spaces as "-".
+            product = gpu.nvml_names[0].name.replace(" ", "-") if gpu.nvml_names else "unknown"
             node = {"nvidia.com/gpu.compute.major": gpu.compute_capability.split(".")[0],
                     "nvidia.com/gpu.compute.minor": gpu.compute_capability.split(".")[1],
                     "nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": minor,
-                    "nvidia.com/cuda.driver.rev": rev}
+                    "nvidia.com/cuda.driver.rev": rev, "nvidia.com/gpu.count": "8",
+                    "nvidia.com/gpu.memory": str(int(gpu.memory_gib * 1024)),
+                    "nvidia.com/gpu.product": product}
             rules = driver_verdict(labels, driver).ok and all(
                 v.ok for v in gpu_verdicts(labels, gpu.name, gpu.compute_capability))
-            assert _node_matches(terms, node) == rules, (gpu.name, driver)
-            admitted += rules
+            fits = gpu.memory_gib * 1024 >= need and (not stack.arch_exact or gpu.name == stack.gpu)
+            assert _node_matches(terms, node) == (rules and fits), (gpu.name, driver)
+            admitted += rules and fits
     assert admitted, "no node at all would take this pod"
+
+
+def _placement(data: dict, matrix, tmp_path) -> tuple[list[dict], dict]:
+    from imgfab.recipe import parse_recipe
+    from imgfab.render.context import render_context
+    from imgfab.stack.resolve import resolve
+
+    recipe = parse_recipe(data)
+    files = render_context(recipe, resolve(recipe, matrix).stack, matrix)
+    docs = {d["kind"]: d for d in yaml.safe_load_all(files["k8s.yaml"]) if d}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    return (pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"], pod)
+
+
+def _gfd_node(cc: str, memory_mib: int, count: int, product: str) -> dict[str, str]:
+    major, minor = cc.split(".")
+    return {"nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor,
+            "nvidia.com/cuda.driver.major": "580", "nvidia.com/cuda.driver.minor": "95",
+            "nvidia.com/cuda.driver.rev": "05", "nvidia.com/gpu.memory": str(memory_mib),
+            "nvidia.com/gpu.count": str(count), "nvidia.com/gpu.product": product}
+
+
+LLAMA_70B = {"parameters": 70553706496, "layers": 80, "attention_heads": 64, "kv_heads": 8,
+             "head_size": 128, "max_positions": 131072}
+
+
+def test_placement_by_what_fits_70b_on_four_gpus(matrix, tmp_path):
+    """Issue 22: an H100 70B tp=4 recipe must not land on 4× A10G (96 GB for 141 GB of weights),
+    nor on a node with fewer GPUs than the pod asks for."""
+    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    data["model"]["facts"] = LLAMA_70B
+    data["target"]["count"] = 4
+    data["engine"] = {"dtype": "bfloat16"}
+    data["serve"]["max_model_len"] = 8192
+    terms, pod = _placement(data, matrix, tmp_path)
+    h100 = _gfd_node("9.0", 81559, 8, "NVIDIA-H100-80GB-HBM3")  # nvidia-smi's 81559 MiB
+    assert _node_matches(terms, h100)
+    assert not _node_matches(terms, _gfd_node("8.6", 23028, 4, "NVIDIA-A10G"))
+    assert not _node_matches(terms, dict(h100, **{"nvidia.com/gpu.count": "2"}))
+    assert _node_matches(terms, _gfd_node("8.0", 40960, 4, "NVIDIA-A100-SXM4-40GB"))  # 38.1 GB each
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    from imgfab.recipe import parse_recipe
+    from imgfab.stack.fit import per_gpu_need_mib
+
+    need = per_gpu_need_mib(parse_recipe(data), "bf16")
+    assert need is not None and 38000 < need < 38200
+    exact = dict(h100, **{"nvidia.com/gpu.memory": str(need)})
+    assert _node_matches(terms, exact)  # memory >= need, not >
+    assert not _node_matches(terms, dict(exact, **{"nvidia.com/gpu.memory": str(need - 1)}))
+    assert _node_matches(terms, dict(h100, **{"nvidia.com/gpu.count": "4"}))  # count >= 4
+
+
+def test_an_engine_is_placed_on_its_own_gpu_product(matrix, tmp_path):
+    data = yaml.safe_load((REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml").read_text())
+    terms, _ = _placement(data, matrix, tmp_path)
+    h100 = _gfd_node("9.0", 81559, 8, "NVIDIA-H100-80GB-HBM3")
+    assert _node_matches(terms, h100)
+    assert not _node_matches(terms, dict(h100, **{"nvidia.com/gpu.product": "NVIDIA-H100-PCIe"}))
+    assert all(any(e["key"] == "nvidia.com/gpu.product" for e in t["matchExpressions"]) for t in terms)
+
+
+def test_startup_budget_scales_with_the_weights_or_the_recipe(matrix, tmp_path):
+    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    _, pod = _placement(data, matrix, tmp_path)
+    assert pod["containers"][0]["startupProbe"]["failureThreshold"] == 90  # 15 minutes for 7B
+    data["model"]["facts"] = LLAMA_70B
+    data["target"]["count"] = 4
+    _, big = _placement(data, matrix, tmp_path)
+    # 70.6 GB of fp8 weights at 125 MB/s + 300 s: 864 s, under the 900 s floor; bf16 doubles it
+    assert big["containers"][0]["startupProbe"]["failureThreshold"] == 90
+    data["engine"] = {"dtype": "bfloat16"}
+    data["serve"]["max_model_len"] = 8192
+    _, bf16 = _placement(data, matrix, tmp_path)
+    assert bf16["containers"][0]["startupProbe"]["failureThreshold"] == 143  # 1428 s
+    data["serve"]["startup_timeout_s"] = 7200
+    _, fixed = _placement(data, matrix, tmp_path)
+    assert fixed["containers"][0]["startupProbe"]["failureThreshold"] == 720
 
 
 # --- the filters -----------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_in_image_files_are_the_package_source(path, matrix):
     files = {name: text for name, text in _render(path, matrix).items() if _from_source(name)}
     expected = {"imgfab-stage.py": (source / "stage.py").read_text()}
     expected |= {f"imgfab/in_image/{p.name}": p.read_text()
-                 for p in sorted(source.glob("*.py")) if p.name in ("__init__.py", "facts.py", "probe.py", "rules.py")}
+                 for p in sorted(source.glob("*.py")) if p.name in ("__init__.py", "cluster.py", "facts.py", "fit.py", "probe.py", "rules.py")}
     stub = files.pop("imgfab/__init__.py")
     assert stub.startswith('"""') and "import" not in stub
     assert files == expected

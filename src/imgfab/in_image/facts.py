@@ -52,6 +52,8 @@ class ImageFacts:
     weights_required: tuple[tuple[str, ...], ...]
     cuda_runtime: str = ""  # the payload's newest CUDA runtime (toolkit release), label cuda.runtime
     driver_ceilings: tuple[tuple[str, str], ...] = ()  # (cc, NVIDIA's last branch), label driver.ceilings
+    fit_serving: str = ""  # how the model is served, for the fit check (label fit.serving; fit.py)
+    fit_facts: str = ""  # the model facts the recipe declared (label fit.facts; fit.py)
 
     @classmethod
     def from_labels(cls, labels: dict[str, Any]) -> ImageFacts:
@@ -127,6 +129,8 @@ class ImageFacts:
             weights_required=required,
             cuda_runtime=version("cuda.runtime", optional=True) or "",
             driver_ceilings=ceilings,
+            fit_serving=get("fit.serving", ""),
+            fit_facts=get("fit.facts", ""),
         )
 
 

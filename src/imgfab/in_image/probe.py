@@ -33,6 +33,12 @@ Checks, each printed as one line (``PASS``/``FAIL``/``NOT RUN``/``SKIP``) with t
                (the recipe's ``image.shm_size``, which the recipe sizes for its tp×pp). The
                probe does not scale it by tp again: one owner for the number, and the line
                prints tp and pp beside it
+``fit``        the model (its ``config.json`` and safetensors headers under ``model.mount``, else
+               the facts the recipe declared, label ``fit.facts``) on the GPUs NVML sees, served
+               as label ``fit.serving`` says (:mod:`imgfab.in_image.fit`): at least tp × pp GPUs,
+               heads that tp splits, a max length within the model's positions, and weights plus
+               one full-length sequence's KV cache within ``gpu_memory_utilization`` × the
+               smallest of those GPUs' memory × tp × pp. SKIP when the facts are unknown
 ``weights``    the ``model.mount`` directory exists, is readable, and holds a file matching
                each entry of ``weights.required`` (comma-separated; ``a|b`` = either)
 
@@ -42,7 +48,7 @@ Exit codes (the first that applies, in this order):
 4     image is wrong: image.json missing or garbled, torch import broken, CUDA matmul wrong or
       failing while driver and arch are fine
 3     host is wrong: driver below the floor, GPU arch not covered, precision not supported by
-      the GPU, ``/dev/shm`` too small, weights mount missing/unreadable/incomplete (a matmul
+      the GPU, ``/dev/shm`` too small, a model that cannot fit the GPUs seen, weights mount missing/unreadable/incomplete (a matmul
       failure counts here when the driver or arch check already failed)
 5     cannot check: no NVML (``pynvml`` missing, or no driver library: container started
       without ``--gpus``), no GPU visible, or a check NOT RUN (torch absent)
@@ -71,7 +77,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from imgfab.in_image import rules
+from imgfab.in_image import fit, rules
 from imgfab.in_image.facts import (CudaMode, CudaRunner, HostFacts, ImageFacts, ImageFactsError,
                                    Nvml, load_cuda_runner, load_image_facts, load_nvml,
                                    read_cuda_mode, read_host)
@@ -90,7 +96,7 @@ EXIT_MEANING = {
     EXIT_CANNOT_CHECK: "cannot check",
 }
 
-CHECKS = ("driver", "mode", "arch", "precision", "cuda", "shm", "weights")
+CHECKS = ("driver", "mode", "arch", "precision", "cuda", "shm", "fit", "weights")
 
 PASS, FAIL, NOT_RUN, SKIP = "PASS", "FAIL", "NOT RUN", "SKIP"
 HOST, IMAGE = "host", "image"
@@ -272,6 +278,59 @@ def check_shm(facts: ImageFacts, shm_path: str) -> list[Finding]:
                                   f"{-(-need // 2**30)}g or --ipc=host"), FAIL, HOST)]
 
 
+def check_fit(facts: ImageFacts, host: HostFacts) -> list[Finding]:
+    """The model on the GPUs this container sees (see the module docstring, ``fit``)."""
+    if not facts.fit_serving:
+        return [Finding(rules.Verdict(True, "fit", "the image declares no serving shape "
+                                                   "(built before the fit check): not checked"), SKIP)]
+    try:
+        serving = fit.Serving.from_label(facts.fit_serving)
+        declared = fit.ModelFacts.from_label(facts.fit_facts)
+    except fit.FactsError as exc:
+        return [Finding(rules.Verdict(False, "fit", f"label fit.*: {exc}",
+                                      "rebuild the image with imgfab"), FAIL, IMAGE)]
+    model, where = declared, "the recipe's model.facts"
+    if facts.model_mount and os.path.isfile(os.path.join(facts.model_mount, "config.json")):
+        try:
+            model = fit.ModelFacts(**(declared.as_dict() | fit.read_model_dir(facts.model_mount).as_dict()))
+            where = f"{facts.model_mount}/config.json"
+        except fit.FactsError as exc:
+            return [Finding(rules.Verdict(False, "fit", str(exc), f"mount the model's own files at "
+                                                                  f"{facts.model_mount}"), FAIL, HOST)]
+    if not host.gpus:
+        return _no_gpu("fit", host)
+    shape = f"tp={serving.tp} pp={serving.pp}" + (f" over {serving.nodes} nodes" if serving.nodes > 1 else "")
+    if len(host.gpus) < serving.gpus_per_node:
+        return [Finding(rules.Verdict(False, "fit", f"sees {len(host.gpus)} GPU(s); the image serves "
+                                                    f"on {serving.gpus_per_node} per node ({shape})",
+                                      f"start the container with {serving.gpus_per_node} GPUs "
+                                      f"(--gpus all on a host that has them)"), FAIL, HOST)]
+    problem = fit.positions_problem(model, serving.max_len) or fit.heads_problem(model, serving.tp)
+    if problem:
+        return [Finding(rules.Verdict(False, "fit", f"{problem} (from {where})",
+                                      "mount the model the image was built for, or rebuild with "
+                                      "a recipe that fits it"), FAIL, HOST)]
+    need = fit.need_of(model, serving)
+    if need is None:
+        return [Finding(rules.Verdict(True, "fit", f"fit not checked: {where} lacks "
+                                      f"{', '.join(model.missing(('parameters', 'layers', 'kv_heads', 'head_size')))}"),
+                        SKIP)]
+    used = host.gpus[:serving.gpus_per_node]  # every node alike: the smallest GPU here decides
+    sizes = [g.memory_bytes for g in used]
+    if any(size is None for size in sizes):
+        return [Finding(rules.Verdict(True, "fit", "NVML does not report the GPUs' memory: "
+                                                   "fit not checked"), SKIP)]
+    smallest = min(sizes)  # type: ignore[type-var]
+    text = f"{serving.gpus}× {used[sizes.index(smallest)].name} ({smallest / 2**30:.1f} GiB)"
+    problem = fit.memory_problem(need, memory_bytes=smallest, serving=serving, gpus_text=text)
+    if problem:
+        return [Finding(rules.Verdict(False, "fit", f"the model ({where}) {problem}",
+                                      "run on GPUs with more memory, or rebuild with more GPUs "
+                                      "(target.count) or a shorter max length"), FAIL, HOST)]
+    return [Finding(rules.Verdict(True, "fit", fit.fit_line(need, memory_bytes=smallest, serving=serving,
+                                                            gpus_text=text)), PASS)]
+
+
 def _regular_file(path: str) -> bool:
     """Whether ``path`` is a regular file, after symbolic links (a Hugging Face cache links
     each file to its blob). ``stat`` never opens it, so a FIFO cannot block the probe."""
@@ -388,7 +447,7 @@ def run_probe(image_json: str = DEFAULT_IMAGE_JSON, *, skip: frozenset[str] = fr
         return ProbeReport(image_json, EXIT_IMAGE_WRONG, [finding], HostFacts(), None)
 
     host = HostFacts()
-    if {"driver", "arch", "precision", "cuda"} - skip:
+    if {"driver", "arch", "precision", "cuda", "fit"} - skip:
         host = read_host(load_nvml() if nvml is _UNSET else nvml)
 
     findings: list[Finding] = []
@@ -408,6 +467,7 @@ def run_probe(image_json: str = DEFAULT_IMAGE_JSON, *, skip: frozenset[str] = fr
         "precision": lambda: check_precision(facts, host),
         "cuda": cuda_step,
         "shm": lambda: check_shm(facts, shm_path),
+        "fit": lambda: check_fit(facts, host),
         "weights": lambda: check_weights(facts),
     }
     for name in CHECKS:

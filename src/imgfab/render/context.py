@@ -30,6 +30,8 @@ from imgfab.in_image.stage import BASE_GROUP
 from imgfab.matrix.compat import Matrix
 from imgfab.payload.lock import Lock, requirement_pins, served_stack
 from imgfab.recipe import Recipe, recipe_hash
+from imgfab.in_image.fit import WEIGHT_BYTES
+from imgfab.stack.fit import declared_facts, per_gpu_need_mib, serving_of
 from imgfab.render import shapes
 from imgfab.stack.resolve import Stack
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
@@ -48,7 +50,12 @@ def _trtllm() -> Any:
 
 LABEL_PREFIX = "org.imgfab"
 # Files of the imgfab package copied into every image so the probe runs the resolver's rules.
-PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "probe.py")  # of imgfab.in_image, copied into images
+PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py", "cluster.py")  # of imgfab.in_image
+# The label LeaderWorkerSet puts on each pod of a group, the leader's "0"
+# (kubernetes-sigs/lws@v0.10.0:api/leaderworkerset/v1/leaderworkerset_types.go, WorkerIndexLabelKey).
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+# The Ray head's GCS port on a multi-node leader (Ray's default).
+RAY_PORT = 6379
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -284,10 +291,15 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.kv_cache_dtype": stack.kv_cache_dtype,
         f"{p}.tp": str(stack.tensor_parallel),
         f"{p}.pp": str(stack.pipeline_parallel),
+        f"{p}.nodes": str(stack.nodes),
         f"{p}.shm.min_bytes": str(size_bytes(recipe.image.shm_size)),
         # What a host needs to pull the layers (imgfab select and doctor read it).
         f"{p}.layers.compression": recipe.image.compression,
         f"{p}.pull.requires": PULL_REQUIRES[recipe.image.compression],
+        # What the probe's fit check needs: how the model is served, and the facts the recipe
+        # declared (the probe prefers the mounted weights' config.json; in_image/fit.py).
+        f"{p}.fit.serving": serving_of(recipe, stack.precision).label(),
+        f"{p}.fit.facts": declared_facts(recipe).label(),
         f"{p}.serve.port": str(recipe.serve.port),
         # What serving compiles on its first start, and where it keeps it (compat/backends.yaml).
         f"{p}.jit": ",".join(sorted(set(stack.jit))),
@@ -329,6 +341,8 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
                     "--gpu-memory-utilization", str(recipe.serve.gpu_memory_utilization),
                     "--max-num-seqs", str(limits["max_num_seqs"]),
                     "--max-num-batched-tokens", str(limits["max_num_batched_tokens"])]
+            if stack.nodes > 1:  # the leader drives the workers' GPUs through Ray
+                argv += ["--distributed-executor-backend", "ray"]
             argv.append("--enable-chunked-prefill" if limits["enable_chunked_prefill"]
                         else "--no-enable-chunked-prefill")
             argv.append("--enable-prefix-caching" if limits["enable_prefix_caching"]
@@ -422,7 +436,9 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "shm_size": recipe.image.shm_size,
         "shm_bytes": size_bytes(recipe.image.shm_size),
         "shm_k8s": _k8s_quantity(recipe.image.shm_size),
-        "gpu_count": stack.tensor_parallel * stack.pipeline_parallel,
+        "gpu_count": stack.tensor_parallel * stack.pipeline_parallel // stack.nodes,
+        "nodes": stack.nodes,
+        "ray_port": RAY_PORT,
         "health_path": "/health",
         "engine": _engine_context(plan, recipe),
         "engine_volume": f"imgfab-{recipe.name}-engines",
@@ -517,24 +533,65 @@ K8S_MEMORY_PER_GPU_GI = 16
 K8S_ENGINE_STORAGE = "64Gi"
 
 
+# The startup probe's budget. Model loading takes minutes and an engine compiled on first start
+# up to an hour; large weights take longer still: read at LOAD_BYTES_PER_S, about the baseline
+# throughput of an AWS gp3 volume (125 MiB/s, its documented default), after LOAD_SETUP_S of
+# start-up. serve.startup_timeout_s overrides it.
+STARTUP_PERIOD_S = 10
+STARTUP_BASE_S = 900
+STARTUP_COMPILE_S = 3600
+LOAD_BYTES_PER_S = 125e6
+LOAD_SETUP_S = 300
+
+
+def startup_budget_s(recipe: Recipe, stack: Stack, at_start: bool) -> int:
+    """Seconds Kubernetes waits for the server to answer /health the first time."""
+    if recipe.serve.startup_timeout_s is not None:
+        return recipe.serve.startup_timeout_s
+    base = STARTUP_COMPILE_S if at_start else STARTUP_BASE_S
+    facts = declared_facts(recipe)
+    if facts.parameters is None:
+        return base
+    weights = facts.parameters * WEIGHT_BYTES.get(stack.precision, 2.0)
+    return max(base, int(LOAD_SETUP_S + weights / LOAD_BYTES_PER_S))
+
+
 def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: Matrix,
                  plan: trtllm.EnginePlan | None) -> dict[str, Any]:
     """What k8s.yaml lays out: placement from the image's own rules, requests, claims."""
-    from imgfab.render.placement import allowed_compute_capabilities, node_affinity_terms
+    from imgfab.render.placement import (allowed_compute_capabilities, capacity_terms,
+                                         node_affinity_terms, product_label)
 
     terms = node_affinity_terms(labels, matrix)
     if not terms:
         raise RecipeError("no GPU in compat/gpus.yaml passes this image's own rules, so a "
                           "Kubernetes pod of it could be placed nowhere", field="target.gpu")
-    gpus = stack.tensor_parallel * stack.pipeline_parallel
+    gpus = stack.tensor_parallel * stack.pipeline_parallel // stack.nodes  # one pod per node
+    per_gpu_mib = per_gpu_need_mib(recipe, stack.precision)
+    products: tuple[str, ...] = ()
+    if stack.arch_exact:  # a TensorRT engine runs on the GPU it was built for
+        record = matrix.gpu(stack.gpu)
+        products = tuple(n.name for n in record.nvml_names) if record is not None else ()
+        if not products:
+            raise RecipeError(f"compat/gpus.yaml names no NVML product name for {stack.gpu}, so "
+                              "the engine's pods cannot be pinned to it (nvidia.com/gpu.product)",
+                              field="target.gpu", fix=f"add {stack.gpu}'s nvml_names to compat/gpus.yaml")
+    fit = capacity_terms(per_gpu_mib=per_gpu_mib, gpus_per_pod=gpus, products=products)
+    terms = [term + fit for term in terms]
     memory_gi = K8S_MEMORY_PER_GPU_GI * gpus + -(-size_bytes(recipe.image.shm_size) // 1024**3)
     selector = {"app.kubernetes.io/name": recipe.name}
     at_start = plan is not None and plan.strategy == "at-start"
     return {
         "labels": selector | {"app.kubernetes.io/managed-by": "imgfab"},
         "selector": selector,
+        # A LeaderWorkerSet's Service reaches the leader only: LWS labels each pod with its
+        # index in the group, the leader's is 0.
+        "service_selector": selector | ({LWS_WORKER_INDEX: "0"} if stack.nodes > 1 else {}),
         "compute_capabilities": allowed_compute_capabilities(labels, matrix),
         "affinity_terms": terms,
+        "gpu_memory_mib": per_gpu_mib,
+        "gpus_per_pod": gpus,
+        "products": sorted({product_label(p) for p in products}),
         "cpu_per_gpu": K8S_CPU_PER_GPU,
         "memory_per_gpu": f"{K8S_MEMORY_PER_GPU_GI}Gi",
         "requests": {"cpu": str(K8S_CPU_PER_GPU * gpus), "memory": f"{memory_gi}Gi"},
@@ -543,8 +600,8 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
         "engine_claim": f"{recipe.name}-engines",
         "engine_storage": K8S_ENGINE_STORAGE,
         "calibration_configmap": f"{recipe.name}-calibration",
-        # Model loading takes minutes; an engine compiled on first start takes up to an hour.
-        "startup_failures": 360 if at_start else 90,
+        "startup_budget_s": startup_budget_s(recipe, stack, at_start),
+        "startup_failures": -(-startup_budget_s(recipe, stack, at_start) // STARTUP_PERIOD_S),
     }
 
 

@@ -11,6 +11,14 @@ capability, so the scheduler never places a pod where the probe would refuse to 
 GPU Feature Discovery labels (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery README):
 ``nvidia.com/gpu.compute.major`` / ``.minor`` and ``nvidia.com/cuda.driver.major`` /
 ``.minor`` / ``.rev`` (integers as strings; ``Gt`` compares them as integers).
+
+What fits (:func:`capacity_terms`), on the labels GFD writes per node
+(NVIDIA/k8s-device-plugin@02f65ccaccdaa3f0e027d3ed13367419cde45730:internal/lm/resource.go):
+``nvidia.com/gpu.memory`` (the GPU's total memory in MiB, NVML's total) ≥ what one GPU must
+hold of the weights and the KV cache at ``gpu_memory_utilization`` (:mod:`imgfab.stack.fit`);
+``nvidia.com/gpu.count`` (GPUs on the node) ≥ the GPUs one pod asks for; and for a TensorRT
+engine, exact to one GPU, ``nvidia.com/gpu.product`` (the NVML name, spaces as ``-``) one of
+that GPU's names in ``compat/gpus.yaml`` ``nvml_names``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from imgfab.in_image.rules import parse_version
 
 CC_MAJOR = "nvidia.com/gpu.compute.major"
 CC_MINOR = "nvidia.com/gpu.compute.minor"
+GPU_MEMORY = "nvidia.com/gpu.memory"
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_PRODUCT = "nvidia.com/gpu.product"
 DRIVER_LABELS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
                  "nvidia.com/cuda.driver.rev")
 
@@ -74,3 +85,23 @@ def node_affinity_terms(labels: dict[str, str], matrix: Any) -> list[list[dict[s
             terms.append(gpu + driver)
     return terms
 
+
+
+def product_label(nvml_name: str) -> str:
+    """GFD's ``nvidia.com/gpu.product`` for a GPU NVML names ``nvml_name`` (spaces as ``-``)."""
+    return nvml_name.replace(" ", "-")
+
+
+def capacity_terms(*, per_gpu_mib: int | None, gpus_per_pod: int,
+                   products: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Match expressions every node-affinity term also carries: GPU memory ≥ ``per_gpu_mib``
+    (left out when the model facts are unknown), at least ``gpus_per_pod`` GPUs on the node,
+    and, for an engine, the product one of ``products`` (NVML names). ``Gt`` is strict: n - 1."""
+    terms: list[dict[str, Any]] = []
+    if per_gpu_mib is not None:
+        terms.append({"key": GPU_MEMORY, "operator": "Gt", "values": [str(per_gpu_mib - 1)]})
+    terms.append({"key": GPU_COUNT, "operator": "Gt", "values": [str(gpus_per_pod - 1)]})
+    if products:
+        terms.append({"key": GPU_PRODUCT, "operator": "In",
+                      "values": sorted({product_label(p) for p in products})})
+    return terms

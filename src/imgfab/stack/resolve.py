@@ -18,7 +18,7 @@ the system CUDA). The ``nvidia/cuda`` base patch of a ``base`` image is not in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -34,7 +34,9 @@ from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _
                                      evaluate, payload_floors, payload_of, precision_of,
                                      precisions_to_check)
 from imgfab.stack.advisories import advisory_notes
+from imgfab.stack.fit import check_fit
 from imgfab.stack.fixes import _field_for, _nearest_fix
+from imgfab.in_image.fit import ModelFacts
 
 # The names other stations and the tests use, wherever they live in this station.
 __all__ = ["Host", "Rejection", "Resolution", "Stack", "covered_archs", "evaluate", "fits_host",
@@ -102,6 +104,8 @@ class Stack:
     notes: tuple[str, ...]
     sources: tuple[str, ...]
     unconfirmed: tuple[str, ...]
+    nodes: int = 1  # target.nodes: vLLM on a Ray cluster of this many nodes (tp within, pp across)
+    fit: str = ""  # the fit check's verdict: "fits: …" with the numbers, or "not checked: …" (stack/fit.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -117,10 +121,14 @@ class Resolution:
     rejections: list[Rejection] = field(default_factory=list)
 
 
-def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None, *,
+def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
+            weights: ModelFacts | None = None, weights_from: str = "", *,
             advisories: bool = True) -> Resolution:
     """Pick the newest stack that fits; raise CompatibilityError naming every rejected candidate.
 
+    The stack found, the fit check (:func:`imgfab.stack.fit.check_fit`): the model facts the
+    recipe declares, completed by ``weights`` (read from the weights at ``weights_from``),
+    against the GPU's memory × tp × pp; a model that cannot fit is refused (CompatibilityError).
     With ``advisories`` the stack's notes name each advisory (compat/advisories.yaml) holding
     its backend or torch release and the nearest recipe change giving a fixed one."""
     gpu = matrix.gpu(recipe.target.gpu)
@@ -147,6 +155,9 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None, *,
                                     driver=driver, policy=policy, os_names=os_names)
         if fields is not None:
             stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
+            # The model on the GPUs: after the stack, so a recipe no image fits is named first.
+            stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from),
+                            nodes=recipe.target.nodes)
             if advisories:
                 stack = _with_advisories(recipe, matrix, stack, host)
             return Resolution(stack=stack, rejections=rejections)
