@@ -35,8 +35,10 @@ from dataclasses import dataclass, fields
 # The facts, in the recipe's spelling (model.facts.<name>).
 FACT_NAMES = ("parameters", "layers", "attention_heads", "kv_heads", "head_size", "max_positions")
 # Bytes per parameter of each precision the resolver names (stack.precision).
+# gptq: the checkpoint's own bits (4 or 8) are not in the recipe; the smaller one is counted, so
+# a refusal stays certain.
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8_sq": 1.0,
-                "int4_awq": 0.5, "nvfp4": 0.5}
+                "int4_awq": 0.5, "nvfp4": 0.5, "gptq": 0.5}
 # A safetensors header is a JSON object of at most this size (the format's own limit is 100 MB).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
