@@ -108,9 +108,13 @@ def build_variants(payload: str, recipe: Path, work: Path) -> dict[str, str]:
     (one / "Dockerfile").write_text("\n".join(lines) + "\n")
     refs["onelayer-gzip"] = "imgfab-bench/cold-onelayer:latest"
     started = time.monotonic()
-    subprocess.run([os.environ.get("IMGFAB_DOCKER_CLI", "docker"), "build", "--provenance=false",
-                    "--output", "type=image,compression=gzip,force-compression=true,oci-mediatypes=true",
-                    "--tag", refs["onelayer-gzip"], str(one)], check=True, capture_output=True)
+    done = subprocess.run([os.environ.get("IMGFAB_DOCKER_CLI", "docker"), "build", "--provenance=false",
+                           "--output", "type=image,compression=gzip,force-compression=true,oci-mediatypes=true",
+                           "--tag", refs["onelayer-gzip"], str(one)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the one-layer build failed: {done.stderr.strip()[-1500:]} (free disk: "
+                         f"{shutil.disk_usage(work).free / 1e9:.1f} GB; the real payload needs about "
+                         "70 GB for the three variants, their build cache and the bench registry)")
     print(f"[build] onelayer-gzip: {time.monotonic() - started:.1f} s", flush=True)
     return refs
 

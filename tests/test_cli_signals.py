@@ -31,7 +31,10 @@ SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
 # The engine's SDK calls, recorded: a tag names the fake image once the fake docker has
 # written `tagged` (or the `before` image when the test says a previous build made it).
 DRIVER = textwrap.dedent('''
-    import os, sys
+    import os, signal, sys
+    # A shell's background job inherits SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt for it: the driver runs as a terminal's foreground command would.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from pathlib import Path
     from imgfab.docker import engine
     from imgfab.errors import EngineError

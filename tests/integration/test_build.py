@@ -382,7 +382,7 @@ def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
     weights = tmp_path / "weights"
     weights.mkdir()
     (weights / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
-    (weights / "model.safetensors").write_bytes(b"\0" * 64)
+    (weights / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")  # a header, no tensors: the probe reads it
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "smoke", vllm_image["tags"][0], "--weights", str(weights),
          "--gpus", "none", "--no-memlock", "--timeout", "120", "--json"],
@@ -423,7 +423,7 @@ def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
     weights.mkdir()
     if healthy:  # without config.json the probe refuses to start: the host is wrong
         (weights / "config.json").write_text("{}")
-    (weights / "model.safetensors").write_bytes(b"\0" * 64)
+    (weights / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
