@@ -196,11 +196,16 @@ def scan_blob(path: Path, mount: str, policy: Any) -> tuple[dict[str, Any] | Non
                 return None, diff_id, "data after the end-of-archive blocks"
     except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
         return None, "", f"unreadable: {exc.__class__.__name__}"
-    located = result["secrets"]
-    result["secrets"] = sorted(set(located) | {
-        f"{hit} in a tar header or the padding of the layer" for hit in digest.found
-        if not any(line.startswith(hit + " in ") for line in located)})
+    result["secrets"] = with_unlocated(result["secrets"], digest.found)
     return result, diff_id, ""
+
+
+def with_unlocated(located: list[str], found: Iterable[str]) -> list[str]:
+    """A layer's secret lines, plus one for each secret its bytes hold that no entry accounts
+    for (a tar header, the padding)."""
+    return sorted(set(located) | {f"{hit} in a tar header or the padding of the layer"
+                                  for hit in found
+                                  if not any(line.startswith(hit + " in ") for line in located)})
 
 
 def _scan_directory(root: Path, mount: str, policy: Any) -> dict[str, Any]:
@@ -310,11 +315,8 @@ def _scan_layers(chunks: Iterable[bytes], policy: Any) -> _LayerScan:
                     assert digest is not None
                     digests[name] = digest.finish()
                     if name in scan.results:  # bytes no entry accounts for: headers, padding
-                        located = scan.results[name]["secrets"]
-                        scan.results[name]["secrets"] = sorted(set(located) | {
-                            f"{hit} in a tar header or the padding of the layer"
-                            for hit in digest.found
-                            if not any(line.startswith(hit + " in ") for line in located)})
+                        scan.results[name]["secrets"] = with_unlocated(scan.results[name]["secrets"],
+                                                                       digest.found)
                     if digest.trailing and scan.results.pop(name, None) is not None:
                         unreadable[name] = "data after the end-of-archive blocks"
                 except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
