@@ -59,7 +59,7 @@ PLANTS += [
          old='    return f"write {short}: {exact} ({meaning})" if exact else meaning',
          new='    return None', first=FIRST),
     dict(name="cli: gptq answered with nothing", path="recipe.py",
-         old='        "gptq": (None,', new='        "gptq-x": (None,', first=FIRST),
+         old='        "gptq": ("gptq",', new='        "gptq-x": ("gptq",', first=FIRST),
     dict(name="cli: init replaces an existing file", path="cli.py",
          old="        write_atomically(target, text, replace=force)",
          new="        write_atomically(target, text, replace=True)", first=FIRST),

@@ -226,7 +226,7 @@ PLANTS = [
     Plant("compose: root filesystem writable", "_data/templates/compose.yaml.j2",
           "    read_only: true\n    tmpfs:", "    tmpfs:", ("tests/render/test_artifacts.py",)),
     Plant("k8s: root filesystem writable", "_data/templates/k8s.yaml.j2",
-          "            readOnlyRootFilesystem: true", "            readOnlyRootFilesystem: false",
+          "      readOnlyRootFilesystem: true", "      readOnlyRootFilesystem: false",
           ("tests/render/test_artifacts.py",)),
     Plant("placement: driver floor off by one", "render/placement.py",
           "        bound = int(part) - 1 if depth == len(parts) - 1 else int(part)",
