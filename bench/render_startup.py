@@ -59,6 +59,12 @@ def main() -> None:
     ratio, took, base = paired([*cli, "--help"], args.runs)
     print(f"imgfab --help: {took * 1000:.1f} ms, python -c pass {base * 1000:.1f} ms, "
           f"ratio {ratio:.1f}x (median of {args.runs} pairs)")
+    # The floor any render pays: importing the libraries the design keeps (click, pydantic v2,
+    # jinja2, pyyaml), before imgfab runs a line of its own.
+    floor = [sys.executable, "-c", "import click, pydantic, jinja2, yaml"]
+    ratio, took, base = paired(floor, args.runs)
+    print(f"import click, pydantic, jinja2, yaml: {took * 1000:.1f} ms, python -c pass "
+          f"{base * 1000:.1f} ms, ratio {ratio:.1f}x (the floor of a render)")
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in sorted((REPO / "recipes").glob("*.yaml")):

@@ -55,3 +55,13 @@ PLANTS += [
          new="    return recipe.serve.served_model_name or recipe.name",
          first=("tests/test_serving_defaults.py",)),
 ]
+
+TEMPLATING = ("tests/render/test_templating.py",)
+PLANTS += [
+    dict(name="ux: the template cache is shared across environment options", path="render/templating.py",
+         old='    directory = cache_root() / f"jinja-{_options_key()}"',
+         new='    directory = cache_root() / "jinja"', first=TEMPLATING),
+    dict(name="ux: an unwritable template cache is an error", path="render/templating.py",
+         old="    except OSError:\n        return None\n", new="    except OSError:\n        raise\n",
+         first=TEMPLATING),
+]

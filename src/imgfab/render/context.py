@@ -33,6 +33,7 @@ from imgfab.recipe import Recipe, recipe_hash
 from imgfab.in_image.fit import WEIGHT_BYTES
 from imgfab.stack.fit import declared_facts, per_gpu_need_mib, serving_of
 from imgfab.render import shapes
+from imgfab.render.templating import environment
 from imgfab.stack.resolve import Stack
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 
@@ -136,16 +137,8 @@ def yaml_value(value: Any) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-        trim_blocks=True, lstrip_blocks=True, autoescape=False)
-    env.filters["dq"] = dockerfile_value
-    env.filters["sh"] = shell_words
-    env.filters["shq"] = shell_word
-    env.filters["yaml"] = yaml_value
-    env.filters["json"] = yaml_value
-    return env
+    return environment(templates_dir(), {"dq": dockerfile_value, "sh": shell_words, "shq": shell_word,
+                                         "yaml": yaml_value, "json": yaml_value})
 
 
 def size_bytes(size: str) -> int:

@@ -46,6 +46,7 @@ import jinja2
 from imgfab import __version__
 from imgfab.errors import RecipeError
 from imgfab.render.context import templates_dir, yaml_value
+from imgfab.render.templating import environment
 
 TEMPLATE = "clusterimagepolicy.yaml.j2"
 # The CRD's group, the newer of its two served versions, and its kind
@@ -225,12 +226,7 @@ def _signer(authority: KeyAuthority | KeylessAuthority) -> dict:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-        trim_blocks=True, lstrip_blocks=True, autoescape=False)
-    env.filters["yaml"] = yaml_value
-    return env
+    return environment(templates_dir(), {"yaml": yaml_value})
 
 
 def cluster_image_policy(repository: str, authority: KeyAuthority | KeylessAuthority) -> str:
