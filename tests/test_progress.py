@@ -120,3 +120,35 @@ def test_lock_shows_its_steps_on_stderr_and_q_silences_them(tmp_path):
     assert quiet.returncode == 1 and len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
     as_json = _lock("--json", tmp_path=tmp_path)
     assert json.loads(as_json.stdout)["command"] == "lock"  # stdout keeps its one object
+
+
+def test_bake_reports_each_recipe_and_q_silences_it(tmp_path):
+    recipes = [str(REPO / "recipes" / name) for name in ("qwen2-7b-h100.yaml", "llama31-8b-l4.yaml")]
+    argv = [sys.executable, "-m", "imgfab.cli", "bake", *recipes, "-o", str(tmp_path / "bake.json")]
+    loud = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 0, loud.stderr
+    lines = loud.stderr.splitlines()
+    assert [line.split("] ", 1)[1] for line in lines] == [
+        "bake: rendering: 0/2 qwen2-7b-h100.yaml", "bake: rendering: 1/2 llama31-8b-l4.yaml",
+        "bake: rendering: 2/2 done"], lines
+    quiet = subprocess.run([*argv, "-q"], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_layer_bytes_add_up_every_layer_of_a_stream():
+    from imgfab.docker.engine import LayerBytes
+
+    seen = LayerBytes()
+    stream = [
+        {"status": "Pulling fs layer", "id": "a", "progressDetail": {}},
+        {"status": "Downloading", "id": "a", "progressDetail": {"current": 5, "total": 10}},
+        {"status": "Downloading", "id": "b", "progressDetail": {"current": 1, "total": 30}},
+        {"status": "Download complete", "id": "a", "progressDetail": {"hidecounts": True}},
+        # unpacking reports its own counts, never the bytes read
+        {"status": "Extracting", "id": "b", "progressDetail": {"current": 99, "total": 99}},
+        {"status": "Pull complete", "id": "b", "progressDetail": {}},
+        {"status": "Digest: sha256:" + "0" * 64},
+    ]
+    moved = [seen.see(item) for item in stream]
+    assert moved == [False, True, True, True, False, True, False]
+    assert (seen.done, seen.total) == (40, 40)

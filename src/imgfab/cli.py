@@ -664,14 +664,19 @@ def _publish():
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health, per shape.")
 @click.option("--no-memlock", is_flag=True,
               help="Keep the engine's memlock ulimit (for engines that cannot raise it, e.g. nested in a container).")
+@click.option("--pull/--no-pull", default=True, show_default=True,
+              help="Pull IMAGE first when the engine does not hold it.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object (for CI).")
 def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: str | None,
           shape_names: tuple[str, ...], gpus: str, devices: tuple[str, ...],
           extra_mounts: tuple[str, ...], extra_env: tuple[str, ...], network: str,
-          cache_volume: str | None, timeout_s: float, no_memlock: bool, as_json: bool) -> None:
+          cache_volume: str | None, timeout_s: float, no_memlock: bool, pull: bool, quiet: bool,
+          as_json: bool) -> None:
     """Start IMAGE in each run shape with its recipe's settings, wait for health, ask /v1/models,
     /v1/completions and /v1/chat/completions (streamed), and report each shape."""
     from imgfab.ops.smoke_shapes import smoke_command
+    from imgfab.progress import for_command
 
     _json("smoke", as_json)
     if bool(weights) == synthetic_model:
@@ -684,13 +689,14 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
             raise RecipeError(f"{item!r} is not KEY=VALUE", field="--env",
                               fix="e.g. --env LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
         env[key] = value
-    report = smoke_command(
-        image, weights=Path(weights) if weights else None, architecture=architecture,
-        shapes=SHAPES if "all" in shape_names else tuple(dict.fromkeys(shape_names)),
-        gpus=None if gpus == "none" else gpus, devices=devices,
-        mounts=[_mount_option(m) for m in extra_mounts], env=env,
-        network=None if network == "bridge" else network, cache_volume=cache_volume,
-        timeout_s=timeout_s, memlock=not no_memlock)
+    with for_command(quiet=quiet) as progress:
+        report = smoke_command(
+            image, weights=Path(weights) if weights else None, architecture=architecture,
+            shapes=SHAPES if "all" in shape_names else tuple(dict.fromkeys(shape_names)),
+            gpus=None if gpus == "none" else gpus, devices=devices,
+            mounts=[_mount_option(m) for m in extra_mounts], env=env,
+            network=None if network == "bridge" else network, cache_volume=cache_volume,
+            timeout_s=timeout_s, memlock=not no_memlock, pull=pull, progress=progress)
     if as_json:
         fields = json.loads(report.to_json())
         if not report.passed:
@@ -1023,19 +1029,23 @@ def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, quiet: 
               help="Tries for transient failures (never for refused credentials).")
 @click.option("--retag", is_flag=True,
               help="Move the tag when the registry's tag already names another image.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @json_option
 def push(image: str, registry_host: str, registry_user: str | None, password_stdin: bool,
-         attempts: int, retag: bool, as_json: bool) -> None:
+         attempts: int, retag: bool, quiet: bool, as_json: bool) -> None:
     """Push local IMAGE to REGISTRY (same repository and tag); print the digest reference."""
     from imgfab.docker.registry import Credentials, push as push_to_registry, retarget
+    from imgfab.progress import for_command
 
     _json("push", as_json)
     password = sys.stdin.read().rstrip("\r\n") if password_stdin else None
     target = retarget(image, registry_host)
     credentials = Credentials.load(registry_host, registry_user, password)
-    pushed = push_to_registry(image, target, credentials=credentials, attempts=attempts,
-                              retag=retag, on_line=lambda line: click.echo(line, err=True)
-                              if line.startswith(("retrying", "--retag")) else None)
+    with for_command(quiet=quiet) as progress:
+        pushed = push_to_registry(image, target, credentials=credentials, attempts=attempts,
+                                  retag=retag, progress=progress,
+                                  on_line=lambda line: click.echo(line, err=True)
+                                  if line.startswith(("retrying", "--retag")) else None)
     if as_json:
         _emit("push", image=image, target=target, pushed=pushed)
     else:
@@ -1075,18 +1085,21 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
               help="Registry the tags point at (default: $IMGFAB_REGISTRY).")
 @click.option("--lock-dir", type=click.Path(file_okay=False, exists=True),
               help="Take each recipe's lock as DIR/<name>.lock (default: its committed, fresh lock).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @json_option
 @compat_option
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
-         lock_dir: str | None, as_json: bool, compat_dir: str | None) -> None:
+         lock_dir: str | None, quiet: bool, as_json: bool, compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
+    from imgfab.progress import for_command
     from imgfab.render.bake import write_bake
 
     _json("bake", as_json)
-    written = write_bake(list(recipes), Path(output), mirror=mirror or None,
-                         registry=registry_host or None,
-                         compat_dir=Path(compat_dir) if compat_dir else None,
-                         lock_dir=Path(lock_dir) if lock_dir else None)
+    with for_command(quiet=quiet) as progress:
+        written = write_bake(list(recipes), Path(output), mirror=mirror or None,
+                             registry=registry_host or None,
+                             compat_dir=Path(compat_dir) if compat_dir else None,
+                             lock_dir=Path(lock_dir) if lock_dir else None, progress=progress)
     if as_json:
         _emit("bake", output=str(written), recipes=list(recipes))
     else:

@@ -47,10 +47,11 @@ class Progress:
         text = f"{label}: {done}/{total}" + (f" {detail}" if detail else "")
         self._show(text, always=edge, kind=label)
 
-    def bytes(self, label: str, read: int, total: int | None = None) -> None:
-        """``read`` bytes of ``label`` (of ``total``, when known) have arrived."""
+    def bytes(self, label: str, read: int, total: int | None = None, verb: str = "read") -> None:
+        """``read`` bytes of ``label`` (of ``total``, when known) have arrived, or have gone
+        (``verb``: ``read``, ``sent``)."""
         whole = f" of {_size(total)}" if total else ""
-        self._show(f"{label}: {_size(read)}{whole} read", always=bool(total and read >= total),
+        self._show(f"{label}: {_size(read)}{whole} {verb}", always=bool(total and read >= total),
                    kind=f"bytes {label}")
 
     # -- the display ---------------------------------------------------------------------------

@@ -409,6 +409,18 @@ def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
     assert "no NVIDIA GPU" in doctor.stdout and "[ok] docker" in doctor.stdout
     assert "image" in doctor.stdout and "cannot be checked" in doctor.stdout
 
+    # A GPU host smokes the pushed reference it does not hold yet: pulled first, with progress;
+    # --no-pull refuses in one line instead.
+    subprocess.run([DOCKER, "rmi", pushed[0]], capture_output=True, check=True)
+    smoke_pushed = [sys.executable, "-m", "imgfab.cli", "smoke", pushed[0], "--weights", str(weights),
+                    "--gpus", "none", "--no-memlock", "--timeout", "120", "--shape", "runsh"]
+    refused = subprocess.run([*smoke_pushed, "--no-pull"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "not on the engine" in refused.stderr
+    pulled = subprocess.run(smoke_pushed, capture_output=True, text=True, timeout=300)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr[-2000:]
+    assert f"pulling {pushed[0]}" in pulled.stderr and "smoke runsh passed" in pulled.stdout
+
 
 @pytest.mark.parametrize("healthy", [True, False], ids=["smoke-passes", "smoke-fails"])
 def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):

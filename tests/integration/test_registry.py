@@ -305,3 +305,71 @@ def test_image_config_labels_from_the_mirror(credentials):
 def test_credentials_never_show_the_password(credentials, password):
     assert password not in repr(credentials) and password not in str(credentials)
     assert "***" in repr(credentials)
+
+
+# --- progress of push and pull (issue 23) -------------------------------------------------------
+
+@pytest.fixture
+def sized_image(docker_client):
+    """An image of one 20 MB layer of random bytes: the daemon reports its upload in parts."""
+    token = uuid.uuid4().hex[:10]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = os.urandom(20_000_000)
+        info = tarfile.TarInfo("blob")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    local = f"imgfab-test/sized:{token}"
+    docker_client.api.import_image_from_data(buf.getvalue(), repository="imgfab-test/sized", tag=token)
+    yield local, token
+    for ref in (local, f"{REGISTRY}/imgfab-test/sized:{token}"):
+        try:
+            docker_client.api.remove_image(ref, force=True)
+        except Exception:  # noqa: BLE001 - gone already is fine
+            pass
+
+
+def test_push_then_a_cold_pull_report_every_byte(sized_image, credentials, docker_client):
+    from imgfab.docker import engine
+    from imgfab.docker.registry import push
+    from imgfab.progress import Progress
+
+    local, token = sized_image
+    target = f"{REGISTRY}/imgfab-test/sized:{token}"
+    sent = io.StringIO()
+    push(local, target, credentials=credentials, progress=Progress("plain", stream=sent, interval_s=0))
+    lines = sent.getvalue().splitlines()
+    assert lines and lines[-1].endswith(f"push {REGISTRY}/imgfab-test/sized:{token}: 20.0 MB of 20.0 MB sent"), lines
+    docker_client.api.remove_image(local, force=True)
+    docker_client.api.remove_image(target, force=True)
+    assert not engine.has_image(target)
+    read = io.StringIO()
+    engine.pull_image(target, auth_config=credentials.auth_config(),
+                      progress=Progress("plain", stream=read, interval_s=0))
+    lines = read.getvalue().splitlines()
+    assert lines[0].endswith(f"pulling {target}")
+    assert lines[-1].endswith(f"pull {target}: 20.0 MB of 20.0 MB read"), lines
+    assert engine.has_image(target)
+
+
+def test_a_pull_of_a_missing_tag_is_one_registry_error(credentials):
+    from imgfab.docker import engine
+    from imgfab.errors import RegistryError
+
+    with pytest.raises(RegistryError) as caught:
+        engine.pull_image(f"{REGISTRY}/imgfab-test/sized:absent-{uuid.uuid4().hex[:6]}",
+                          auth_config=credentials.auth_config())
+    assert "\n" not in caught.value.one_line() and "pull" in caught.value.one_line()
+
+
+def test_cli_push_shows_progress_on_stderr_and_none_with_q(sized_image, password):
+    local, token = sized_image
+    user = os.environ["IMGFAB_REGISTRY_USER"]
+    loud = imgfab("push", local, "--registry", REGISTRY, "--registry-user", user,
+                  "--password-stdin", stdin=password)
+    assert loud.returncode == 0, loud.stderr
+    assert "20.0 MB of 20.0 MB sent" in loud.stderr
+    quiet = imgfab("push", local, "--registry", REGISTRY, "--registry-user", user,
+                   "--password-stdin", "-q", stdin=password)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "sent" not in quiet.stderr and quiet.stdout.strip() == loud.stdout.strip()

@@ -474,3 +474,39 @@ def test_every_shape_gets_a_fresh_key_file_that_is_removed(tmp_path, monkeypatch
     plain = smoke_shapes("registry.local/llm:1", settings, ("runsh",), uid=10001,
                          engine=KeyedShapeEngine(tmp_path, GOOD_MOUNTS), api_key=False)
     assert plain.passed, [r.failures for r in plain.shapes]
+
+
+class _AbsentEngine:
+    """An engine that does not hold the image; it records the pull and then has no labels."""
+
+    def __init__(self):
+        self.pulled = []
+
+    def has_image(self, ref):
+        return False
+
+    def pull_image(self, ref, *, auth_config, progress):
+        self.pulled.append((ref, auth_config, progress))
+
+    def inspect_image(self, ref):
+        return {"Config": {"Labels": {}}}
+
+
+def test_smoke_pulls_an_image_the_engine_lacks_and_no_pull_refuses(monkeypatch):
+    from imgfab.errors import EngineError, RecipeError
+    from imgfab.ops import smoke_shapes
+
+    monkeypatch.setenv("IMGFAB_REGISTRY", "127.0.0.1:5999")
+    monkeypatch.setenv("IMGFAB_REGISTRY_USER", "ci")
+    monkeypatch.setenv("IMGFAB_REGISTRY_PASSWORD", "s3cret")
+    from imgfab.progress import Progress
+
+    fake, marker = _AbsentEngine(), Progress("quiet")
+    ref = "127.0.0.1:5999/llm/qwen@sha256:" + "3" * 64
+    with pytest.raises(RecipeError):  # pulled, then: no org.imgfab labels
+        smoke_shapes.smoke_command(ref, weights=Path("/nonexistent"), engine=fake, progress=marker)
+    assert fake.pulled == [(ref, {"username": "ci", "password": "s3cret",
+                                  "serveraddress": "127.0.0.1:5999"}, marker)]
+    with pytest.raises(EngineError) as caught:
+        smoke_shapes.smoke_command(ref, weights=Path("/nonexistent"), engine=_AbsentEngine(), pull=False)
+    assert "not on the engine" in caught.value.one_line() and "s3cret" not in caught.value.one_line()

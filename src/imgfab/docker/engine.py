@@ -44,16 +44,56 @@ __all__ = ["COMPRESSIONS", "MIN_ENGINE", "EngineFacts", "add_labels", "build", "
 _PUSHED = re.compile(r"^(\S+): digest: (sha256:[0-9a-f]{64}) size: \d+$")
 
 
+class LayerBytes:
+    """The bytes of a push or pull stream, over all its layers: each layer's last
+    ``progressDetail`` (current of total), and whole once the daemon says it is done. Layers
+    whose size the daemon never says count only when they are done."""
+
+    DONE = ("Pushed", "Layer already exists", "Download complete", "Pull complete",
+            "Already exists", "Mounted from")
+
+    def __init__(self) -> None:
+        self._layers: dict[str, tuple[int, int]] = {}
+
+    def see(self, item: dict[str, Any]) -> bool:
+        """Take one stream item; True when the totals moved."""
+        layer, status = str(item.get("id") or ""), str(item.get("status") or "")
+        detail = item.get("progressDetail") or {}
+        if not layer or not status:
+            return False
+        current, total = self._layers.get(layer, (0, 0))
+        if status in ("Pushing", "Downloading") and detail.get("total"):
+            current, total = int(detail.get("current") or 0), int(detail["total"])
+        elif status.startswith(self.DONE):
+            current = total
+        else:
+            return False
+        if self._layers.get(layer) == (current, total):
+            return False
+        self._layers[layer] = (current, total)
+        return True
+
+    @property
+    def done(self) -> int:
+        return sum(current for current, _ in self._layers.values())
+
+    @property
+    def total(self) -> int:
+        return sum(total for _, total in self._layers.values())
+
+
 def push_image(local_ref: str, repository: str, tag: str, *,
-               auth_config: dict[str, str] | None = None, on_line: Any = None) -> str:
+               auth_config: dict[str, str] | None = None, on_line: Any = None,
+               progress: Any = None) -> str:
     """Tag ``local_ref`` as ``repository:tag`` and push it through the daemon (one attempt).
 
     Returns the manifest digest the daemon reports (the push stream's ``aux.Digest``).
     The SDK reports registry failures inside the stream, not as exceptions: every item is
     checked for ``error``, which raises :class:`imgfab.errors.RegistryError` carrying the
     daemon's message verbatim (:mod:`imgfab.docker.registry` decides whether it is worth a retry).
-    ``on_line(text)`` receives each progress line. Raises :class:`EngineError` when the
-    image is missing or the engine is unreachable.
+    ``on_line(text)`` receives each progress line; ``progress`` (:class:`imgfab.progress.Progress`)
+    the bytes sent over all layers. Raises :class:`EngineError` when the image is missing or the
+    engine is unreachable.
     """
     from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
     from requests.exceptions import RequestException  # noqa: PLC0415
@@ -75,9 +115,12 @@ def push_image(local_ref: str, repository: str, tag: str, *,
                           field="engine", fix="check the engine is reachable") from None
     digest = ""
     reported: dict[str, int] = {}  # layer id → last tenth of its upload reported
+    sent = LayerBytes()
     try:
         for item in client.api.push(repository, tag=tag, stream=True, decode=True,
                                     auth_config=auth_config):
+            if progress is not None and sent.see(item):
+                progress.bytes(f"push {repository}:{tag}", sent.done, sent.total, verb="sent")
             if item.get("error"):
                 raise RegistryError(" ".join(str(item["error"]).split()),
                                     field=f"push {repository}:{tag}")
@@ -444,6 +487,52 @@ def _sdk_image_call(what: str, call: Callable[[], Any]) -> Any:
     except DockerException as exc:
         raise EngineError(f"{what} failed: {_one_line(exc)}", field="engine",
                           fix="check the engine is reachable") from None
+
+
+def pull_image(ref: str, *, auth_config: dict[str, str] | None = None, progress: Any = None) -> None:
+    """``docker pull ref`` (a tag or a digest reference) through the daemon, reporting the bytes
+    downloaded over all layers to ``progress``. Registry failures arrive inside the stream and
+    raise :class:`imgfab.errors.RegistryError` with the daemon's message; an unreachable engine
+    raises :class:`EngineError`."""
+    from docker.errors import DockerException  # noqa: PLC0415
+    from requests.exceptions import RequestException  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: PLC0415
+
+    from imgfab.errors import RegistryError  # noqa: PLC0415
+
+    client = _client()
+    client.api.timeout = _SAVE_TIMEOUT_S
+    if progress is not None:
+        progress.step(f"pulling {ref}")
+    read = LayerBytes()
+    try:
+        for item in client.api.pull(ref, stream=True, decode=True, auth_config=auth_config):
+            if item.get("error"):
+                raise RegistryError(" ".join(str(item["error"]).split()), field=f"pull {ref}",
+                                    fix="check the reference and the registry's credentials")
+            if progress is not None and read.see(item):
+                progress.bytes(f"pull {ref}", read.done, read.total)
+    except DockerException as exc:
+        raise RegistryError(f"docker pull {ref} failed: {_one_line(exc)}", field=f"pull {ref}",
+                            fix="check the reference and the registry's credentials") from None
+    except (RequestException, Urllib3Error) as exc:
+        raise EngineError(f"the engine dropped the pull of {ref}: {_one_line(exc)}",
+                          field="engine", fix="check the engine is reachable") from None
+
+
+def has_image(ref: str) -> bool:
+    """Whether the engine holds ``ref`` (a name, tag, digest reference or ID)."""
+    from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415
+
+    client = _client()
+    try:
+        client.api.inspect_image(ref)
+    except ImageNotFound:
+        return False
+    except DockerException as exc:
+        raise EngineError(f"inspect {ref} failed: {_one_line(exc)}", field="engine",
+                          fix="check the engine is reachable") from None
+    return True
 
 
 def inspect_image(ref: str) -> dict[str, Any]:

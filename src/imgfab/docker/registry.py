@@ -281,7 +281,8 @@ def refuse_moving_tag(local_id: str, target_ref: str, credentials: Credentials |
 
 
 def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts: int = 5,
-         on_line: Callable[[str], None] | None = None, retag: bool = False) -> str:
+         on_line: Callable[[str], None] | None = None, retag: bool = False,
+         progress: Any = None) -> str:
     """Tag ``local_ref`` as ``target_ref``, push it through the daemon, return
     ``host/repo@sha256:…``.
 
@@ -292,7 +293,8 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
     scope), so a wrong password fails before any blob moves, and is not retried. Transient
     failures (connection reset/refused, timeouts, 5xx) are retried up to ``attempts`` times
     with exponential backoff. The digest comes from the push stream's ``aux.Digest`` and is
-    cross-checked with a HEAD on the pushed tag. ``on_line`` receives progress and retry lines.
+    cross-checked with a HEAD on the pushed tag. ``on_line`` receives progress and retry lines;
+    ``progress`` (:class:`imgfab.progress.Progress`) the bytes sent over all layers.
     """
     target = ImageRef.parse(target_ref)
     if target.digest:
@@ -316,7 +318,7 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
             time.sleep(delay)
         try:
             return _push_once(local_ref, target, tag, credentials, on_line,
-                              local_id=local_id, retag=retag)
+                              local_id=local_id, retag=retag, progress=progress)
         except RegistryError as error:
             if not is_transient(error.message):
                 if _AUTH.search(error.message) and "refused" not in error.message:
@@ -329,7 +331,8 @@ def push(local_ref: str, target_ref: str, *, credentials: Credentials, attempts:
 
 
 def _push_once(local_ref: str, target: ImageRef, tag: str, credentials: Credentials,
-               on_line: Callable[[str], None] | None, *, local_id: str, retag: bool) -> str:
+               on_line: Callable[[str], None] | None, *, local_id: str, retag: bool,
+               progress: Any = None) -> str:
     from imgfab.docker.engine import push_image  # noqa: PLC0415
 
     client = _Client(credentials)
@@ -342,7 +345,7 @@ def _push_once(local_ref: str, target: ImageRef, tag: str, credentials: Credenti
             and local_id not in held:
         on_line(f"--retag: {target.name}:{tag} moves from {held[0]} to this build ({local_id})")
     pushed = push_image(local_ref, target.name, tag, auth_config=credentials.auth_config(),
-                        on_line=on_line)
+                        on_line=on_line, progress=progress)
     head = _manifest_digest(client, ImageRef(target.host, target.repository, tag))
     if head != pushed:
         raise RegistryError(f"pushed {target.name}:{tag} as {pushed} but the registry now "

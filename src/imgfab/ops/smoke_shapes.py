@@ -170,18 +170,38 @@ def build_smoke(image: str, recipe: Any, options: Any) -> dict[str, Any]:
                        for r in report.shapes}}
 
 
+def _pull_auth(image: str) -> dict[str, str] | None:
+    """The credentials ``imgfab push`` would use for ``image``'s registry (None: anonymous)."""
+    from imgfab.docker.credentials import Credentials  # noqa: PLC0415
+    from imgfab.docker.registry_http import ImageRef  # noqa: PLC0415
+
+    return Credentials.load(ImageRef.parse(image).host).auth_config()
+
+
 def smoke_command(image: str, *, weights: Path | None, architecture: str | None = None,
                   shapes: tuple[str, ...] = SHAPES, gpus: Any = "all", devices: tuple[str, ...] = (),
                   mounts: list[tuple[str, str, bool]] = (), env: dict[str, str] | None = None,
                   network: str | None = None, cache_volume: str | None = None,
-                  timeout_s: float = 900.0, memlock: bool = True, engine: Any = None) -> ShapesReport:
+                  timeout_s: float = 900.0, memlock: bool = True, engine: Any = None,
+                  pull: bool = True, progress: Any = None) -> ShapesReport:
     """``imgfab smoke``: ``image`` (built by imgfab: its labels give the mount, port and shm)
     in each of ``shapes``, serving ``weights`` or, when None, a synthetic model of
     ``architecture`` (default: compat/models.yaml for the image's model id) made inside the
     image. ``mounts``, ``devices``, ``env`` and ``network`` reach every container (GPU access
     without the NVIDIA runtime, a host without a bridge network). RecipeError for an image
-    imgfab did not build or an architecture it cannot make; EngineError from the engine."""
+    imgfab did not build or an architecture it cannot make; EngineError from the engine.
+
+    An image the engine does not hold is pulled first (unless not ``pull``), with the registry's
+    credentials as ``imgfab push`` finds them and the bytes read reported to ``progress``: a GPU
+    host smokes ``REGISTRY/REPO@sha256:…`` as CI pushed it, and a multi-GB pull is not silent."""
     engine = engine or importlib.import_module("imgfab.docker.engine")
+    if not engine.has_image(image):
+        if not pull:
+            raise EngineError(f"image {image} is not on the engine", field="IMAGE",
+                              fix="pull it (drop --no-pull) or build it (imgfab build)")
+        engine.pull_image(image, auth_config=_pull_auth(image), progress=progress)
+    if progress is not None:
+        progress.step(f"smoke {image}: {', '.join(shapes)}")
     config = engine.inspect_image(image).get("Config") or {}
     labels = config.get("Labels") or {}
     if "org.imgfab.model.mount" not in labels:

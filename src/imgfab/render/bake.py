@@ -49,8 +49,9 @@ def mirrored(ref: str, mirror: str | None) -> str:
 
 def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
                     registry: str | None = None, compat_dir: Path | None = None,
-                    lock_dir: Path | None = None) -> dict[str, Any]:
-    """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict).
+                    lock_dir: Path | None = None, progress: Any = None) -> dict[str, Any]:
+    """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict);
+    ``progress`` (:class:`imgfab.progress.Progress`) hears of each recipe rendered.
 
     Raises :class:`RecipeError` / :class:`CompatibilityError` as ``imgfab render`` does, and
     :class:`RecipeError` when two recipes map to the same target name.
@@ -65,7 +66,9 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     matrix = load_matrix(compat_dir)
     targets: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
-    for path in recipe_paths:
+    for index, path in enumerate(recipe_paths, start=1):
+        if progress is not None:
+            progress.item("bake: rendering", index - 1, len(recipe_paths), Path(path).name)
         recipe = load_recipe(path)
         stack = resolve(recipe, matrix, None).stack
         strategy = "at-start" if stack.backend_path == "engine" else "two-phase"
@@ -97,13 +100,15 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
             "output": [image_output(recipe.image.compression)],
             "attest": ["type=provenance,disabled=true", "type=sbom,disabled=true"],
         }
+    if progress is not None:
+        progress.item("bake: rendering", len(recipe_paths), len(recipe_paths), "done")
     return {"group": {"default": {"targets": sorted(targets)}},
             "target": dict(sorted(targets.items()))}
 
 
 def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
                registry: str | None = None, compat_dir: Path | None = None,
-               lock_dir: Path | None = None) -> Path:
+               lock_dir: Path | None = None, progress: Any = None) -> Path:
     """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
 
     ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
@@ -111,7 +116,7 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
     """
     path = Path(path)
     definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
-                                 compat_dir=compat_dir, lock_dir=lock_dir)
+                                 compat_dir=compat_dir, lock_dir=lock_dir, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
     try:
