@@ -37,21 +37,31 @@ _APT = re.compile(r"^(rm -f /etc/apt/apt\.conf\.d/docker-clean|apt-get .*)$")
 
 
 def standin_dockerfile(dockerfile: str, base: str) -> tuple[str, list[str]]:
-    """The rendered runtime stage with the stand-in's three replacements, and what they
-    removed: ``FROM`` the stand-in base; the OS layer without its apt steps (the base holds
-    the packages); the payload ``COPY --from=builder`` layers as one ``COPY venv/ /opt/venv/``
-    of the venv assembled on this host (there is no builder stage here). Everything after,
-    the CUDA_HOME view and its nvcc check included, runs as rendered."""
-    stage = dockerfile[dockerfile.index("FROM ${RUNTIME_IMAGE} AS runtime"):]
-    removed: list[str] = ["FROM ${RUNTIME_IMAGE} AS runtime"]
-    stage = stage.replace("FROM ${RUNTIME_IMAGE} AS runtime", f"FROM {base} AS runtime", 1)
+    """The rendered runtime stage (and the ``files`` stage it copies from) with the stand-in's
+    replacements, and what they removed: ``FROM`` the stand-in base; the OS layer without its
+    apt steps (the base holds the packages); the payload ``COPY --from=builder`` layers as one
+    ``COPY venv/ /opt/venv/`` of the venv assembled on this host (there is no builder stage
+    here); ``COPY --link`` as plain ``COPY``, because the GPU host's Debian bookworm dockerd
+    builds with the classic builder (the files and their owners are the same; only the layer's
+    independence from the one below, which the stand-in does not push, is lost). Everything
+    else, the CUDA_HOME view and its nvcc check and the epoch stamps included, runs as rendered."""
+    first = "FROM ${RUNTIME_IMAGE} AS files"
+    if first not in dockerfile:
+        first = "FROM ${RUNTIME_IMAGE} AS runtime"
+    stage = dockerfile[dockerfile.index(first):]
+    removed: list[str] = [line for line in stage.split("\n") if line.startswith("FROM ${RUNTIME_IMAGE} AS ")]
+    stage = stage.replace("FROM ${RUNTIME_IMAGE} AS ", f"FROM {base} AS ")
     lines, out, i = stage.split("\n"), [], 0
+    payload = ("COPY --from=builder /opt/imgfab/layers/", "COPY --link --from=builder /opt/imgfab/layers/")
     while i < len(lines):
         line = lines[i]
-        if line.startswith("COPY --from=builder /opt/imgfab/layers/"):
-            if not any(r.startswith("COPY --from=builder") for r in removed):
+        if line.startswith(payload):
+            if not any(r.startswith(payload) for r in removed):
                 out.append("COPY venv/ /opt/venv/")
             removed.append(line)
+        elif line.startswith("COPY --link "):
+            removed.append(f"--link of {line}")
+            out.append("COPY " + line.removeprefix("COPY --link "))
         elif line.startswith("RUN --mount=type=cache,target=/var/cache/apt"):
             logical = []
             while lines[i].endswith("\\"):
@@ -120,12 +130,16 @@ def _record(name: str, data: dict) -> None:
 def test_standin_dockerfile_changes_only_base_apt_and_payload():
     rendered = (REPO / "tests" / "golden" / "qwen2-7b-h200" / "Dockerfile").read_text()
     text, removed = standin_dockerfile(rendered, "standin")
-    assert text.startswith("FROM standin AS runtime")
-    assert "apt-get" not in text and "COPY --from=builder" not in text
+    assert text.startswith("FROM standin AS files") and "\nFROM standin AS runtime\n" in text
+    code = "\n".join(line for line in text.split("\n") if not line.lstrip().startswith("#"))
+    assert "${RUNTIME_IMAGE}" not in code and "--link" not in code and "--mount" not in code
+    assert "apt-get" not in text and "--from=builder" not in text
     assert text.count("COPY venv/ /opt/venv/") == 1
-    assert text.index("COPY venv/ /opt/venv/") < text.index("RUN tree=$(echo /opt/venv/lib/python3*")
+    assert text.index("COPY venv/ /opt/venv/") < text.index("tree=$(echo /opt/venv/lib/python3*")
+    assert text.count("COPY --from=files /stage/") == 3
     assert "useradd" in text and "/opt/imgfab/cuda" in text and "ENTRYPOINT" in text
-    assert sum(line.startswith("COPY --from=builder") for line in removed) >= 5
+    assert "touch --no-dereference --date=@0" in text
+    assert sum("--from=builder /opt/imgfab/layers/" in line for line in removed) >= 5
 
 
 @pytest.mark.parametrize("shape", ["runsh", "compose", "k8s"])
