@@ -247,6 +247,11 @@ class BackendSpec(_Strict):
     trtllm_path: Literal["pytorch", "engine"] | None = Field(
         None, description="TensorRT-LLM only: serve a checkpoint with the PyTorch backend, or a "
                           "compiled TensorRT engine", examples=["pytorch", "engine"])
+    advisories: Literal["note", "refuse"] = Field(
+        "note", description="Known advisories (compat/advisories.yaml) on the picked backend and "
+                            "torch and on the locked packages: 'note' names them and the nearest "
+                            "fixed stack; 'refuse' also refuses any stack or lock inside a critical one",
+        examples=["note", "refuse"])
 
     @field_validator("version")
     @classmethod

@@ -6,6 +6,7 @@ import io
 import json
 import random
 import sys
+from pathlib import Path
 import types
 import zipfile
 
@@ -15,7 +16,8 @@ from imgfab.matrix import refresh as R
 from imgfab.matrix import wheels as wheel_payload
 from imgfab.in_image.fatbin import fat_binary
 
-from test_fatbin import elf_with_sections
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "in_image"))  # run alone, too
+from test_fatbin import elf_with_sections  # noqa: E402
 
 
 class FakeResponse:

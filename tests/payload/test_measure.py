@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,8 @@ from imgfab.recipe import load_recipe
 from imgfab.stack.resolve import resolve
 
 from conftest import REPO
-from test_fatbin import elf_with_sections
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "in_image"))  # run alone, too
+from test_fatbin import elf_with_sections  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -127,3 +127,79 @@ def test_a_malformed_advisory_is_refused(tmp_path, change, message):
     with pytest.raises(MatrixError) as info:
         load_advisories(tmp_path / "compat")
     assert message in str(info.value) and "GHSA-2pc9-4j83-qjmr" in str(info.value)
+
+
+# --- backend.advisories: refuse, and the torch/transformers rows (issue 20, item 6) -------------
+
+def _refusing(version: str | None = None, **target) -> dict:
+    data = _recipe(**target)
+    data["backend"]["advisories"] = "refuse"
+    if version:
+        data["backend"]["version"] = version
+    return data
+
+
+def test_refuse_turns_a_critical_pick_into_a_refusal_that_names_it_and_a_fix_outside_it(matrix):
+    from imgfab.errors import CompatibilityError
+
+    with pytest.raises(CompatibilityError) as caught:
+        resolve(parse_recipe(_refusing("==0.19.1")), matrix)
+    error = caught.value
+    assert error.field == "backend.advisories"
+    assert "vllm 0.19.1 is inside CVE-2026-48746 (critical 9.1), fixed in 0.22.0" in error.message
+    assert "dropping backend.version" in error.fix and "outside every critical advisory" in error.fix
+    gives = Version(error.fix.split(" gives vllm ")[1].split()[0])
+    assert gives >= Version("0.22.0")
+
+
+def test_refuse_skips_critical_releases_for_an_older_clean_one_or_names_the_driver(matrix):
+    # Strict on R560: 0.10.1.1 would be picked, inside CVE-2026-48746 (critical); every release
+    # the driver allows is inside it, so the refusal's fix is a newer driver, not a policy that
+    # gives 0.19.1 (itself inside it).
+    from imgfab.errors import CompatibilityError
+
+    with pytest.raises(CompatibilityError) as caught:
+        resolve(parse_recipe(_refusing(driver=">=560.35.03", driver_policy="strict")), matrix)
+    fix = caught.value.fix
+    assert "0.19.1" not in fix and "outside every critical advisory" in fix, fix
+    assert Version(fix.split(" gives vllm ")[1].split()[0]) >= Version("0.22.0")
+
+
+def test_note_is_the_default_and_a_high_advisory_never_refuses(matrix):
+    # R580 strict picks a release past 0.22.0: no critical advisory, so refuse resolves the same.
+    plain = resolve(parse_recipe(_recipe(driver=">=580.95.05", driver_policy="strict")), matrix).stack
+    refusing = resolve(parse_recipe(_refusing(driver=">=580.95.05", driver_policy="strict")), matrix).stack
+    assert plain.backend_version == refusing.backend_version
+    assert parse_recipe(_recipe()).backend.advisories == "note"
+
+
+def test_torch_rows_hold_the_releases_their_advisories_name(matrix):
+    # GHSA-53q9-r3pm-6pq6 (torch.load weights_only bypass): < 2.6.0, fixed in 2.6.0;
+    # CVE-2026-24747 (weights_only unpickler memory corruption): < 2.10.0, fixed in 2.10.0.
+    assert [a.id for a in matrix.advisories_for("torch", "2.5.1")] == ["CVE-2026-24747", "GHSA-53q9-r3pm-6pq6"]
+    assert [a.id for a in matrix.advisories_for("torch", "2.9.1")] == ["CVE-2026-24747"]
+    assert matrix.advisories_for("torch", "2.10.0") == []
+
+
+def test_the_strict_r560_pick_names_its_torch_advisory_too(matrix):
+    stack = resolve(parse_recipe(_recipe(driver=">=560.35.03", driver_policy="strict")), matrix).stack
+    assert Version(stack.torch) < Version("2.10.0")
+    [note] = [n for n in stack.notes if n.startswith(f"torch {stack.torch} is inside CVE-2026-24747")]
+    assert "fixed in 2.10.0" in note
+
+
+def test_transformers_rows_and_the_locked_set(matrix):
+    from imgfab.stack.advisories import locked_hits
+
+    # CVE-2026-4372: every release since 4.56.0, fixed in 5.3.0.
+    hits = locked_hits(matrix, {"transformers": "4.57.1", "torch": "2.10.0", "vllm": "0.22.0"})
+    assert [(name, version, a.id) for name, version, a in hits] == [("transformers", "4.57.1", "CVE-2026-4372")]
+    assert locked_hits(matrix, {"transformers": "5.3.0", "torch": "2.10.0"}) == []
+
+
+def test_refuse_is_a_recipe_field_with_two_values():
+    from imgfab.errors import RecipeError
+
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(_refusing() | {"backend": {"name": "vllm", "advisories": "ignore"}})
+    assert caught.value.field == "backend.advisories" and "'note' or 'refuse'" in caught.value.message

@@ -39,6 +39,42 @@ def _variants(recipe: Recipe) -> Iterator[tuple[str, Recipe, str | None]]:
         yield prefix + "target.driver ≥ {floor}", base, _ANY_DRIVER
 
 
+def picked_hits(matrix: Matrix, stack: Any, *, severity: str | None = None) -> list[tuple[str, str, Any]]:
+    """(package, version, advisory) for each advisory holding ``stack``'s backend or torch
+    release; only those of ``severity`` when given."""
+    picked = [(stack.backend, stack.backend_version)] + ([("torch", stack.torch)] if stack.torch else [])
+    return [(package, version, advisory) for package, version in picked
+            for advisory in matrix.advisories_for(package, version)
+            if severity is None or advisory.severity == severity]
+
+
+def refusal_fix(recipe: Recipe, matrix: Matrix,
+                resolve_quietly: Callable[[Recipe, str | None], Any]) -> str:
+    """Under ``backend.advisories: refuse``: the nearest recipe change (the same ones as the
+    notes: the version pin, the driver policy, a newer driver) whose stack has no critical
+    advisory on its backend or torch, or else how to accept the risk."""
+    for text, changed, driver in _variants(recipe):
+        try:
+            found = resolve_quietly(changed, driver)
+        except CompatibilityError:
+            continue
+        if found is None or picked_hits(matrix, found, severity="critical"):
+            continue
+        if driver is not None:
+            text = text.format(floor=found.driver_floor)
+        return (f"{text} gives {found.backend} {found.backend_version}"
+                + (f" with torch {found.torch}" if found.torch else "") + ", outside every critical advisory")
+    return ("no single recipe change gives a stack outside the critical advisories on this GPU; "
+            "backend.advisories: note accepts the risk with the advisories named")
+
+
+def locked_hits(matrix: Matrix, pins: dict[str, str]) -> list[tuple[str, str, Any]]:
+    """(package, version, advisory) for each locked pin (name → version) inside an advisory, in
+    the order of the pins' names."""
+    return [(name, pins[name], advisory) for name in sorted(pins)
+            for advisory in matrix.advisories_for(name, pins[name])]
+
+
 def advisory_notes(recipe: Recipe, matrix: Matrix, stack: Any,
                    resolve_quietly: Callable[[Recipe, str | None], Any]
                    ) -> tuple[list[str], list[str]]:
@@ -46,9 +82,7 @@ def advisory_notes(recipe: Recipe, matrix: Matrix, stack: Any,
 
     ``resolve_quietly(recipe, driver)`` returns the stack ``recipe`` resolves to (on a host with
     ``driver`` when given), without advisory notes, or None when nothing fits."""
-    picked = [(stack.backend, stack.backend_version)] + ([("torch", stack.torch)] if stack.torch else [])
-    hits = [(package, version, advisory) for package, version in picked
-            for advisory in matrix.advisories_for(package, version)]
+    hits = picked_hits(matrix, stack)
     if not hits:
         return [], []
     tried: list[tuple[str, Any]] = []

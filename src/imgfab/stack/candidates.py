@@ -25,7 +25,7 @@ _OS_ORDER = ("ubuntu24.04", "ubuntu22.04")
 
 # Order in which a candidate's failures are reported.
 _PRIORITY = ("version", "arch", "gpu-driver", "precision", "dtype", "kv-cache", "torch", "driver",
-             "python", "image")
+             "python", "image", "advisory")
 # Constraints that hold for the release on every OS and image patch (no relaxation of OS,
 # policy or driver fixes them).
 RELEASE_CONSTRAINTS = ("arch", "torch", "precision", "dtype", "kv-cache")
@@ -34,7 +34,7 @@ RELEASE_CONSTRAINTS = ("arch", "torch", "precision", "dtype", "kv-cache")
 @dataclass(frozen=True)
 class Rejection:
     candidate: str
-    constraint: str  # version | arch | gpu-driver | precision | dtype | kv-cache | torch | driver | python | image
+    constraint: str  # version | arch | gpu-driver | precision | dtype | kv-cache | torch | driver | python | image | advisory
     reason: str
     fix: str = ""
 

@@ -22,7 +22,8 @@ def _field_for(constraint: str) -> str:
     return {"version": "backend.version", "arch": "target.gpu", "precision": "engine.quantization",
             "dtype": "engine.dtype", "kv-cache": "engine.kv_cache_dtype",
             "python": "image.os", "image": "image.os", "driver": "target.driver",
-            "torch": "backend.version", "gpu-driver": "target.driver"}.get(constraint, "recipe")
+            "torch": "backend.version", "gpu-driver": "target.driver",
+            "advisory": "backend.advisories"}.get(constraint, "recipe")
 
 
 @dataclass(frozen=True, order=True)

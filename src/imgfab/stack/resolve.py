@@ -33,7 +33,7 @@ from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
 from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _torch_pin, covered_archs,
                                      evaluate, payload_floors, payload_of, precision_of,
                                      precisions_to_check)
-from imgfab.stack.advisories import advisory_notes
+from imgfab.stack.advisories import advisory_notes, picked_hits, refusal_fix
 from imgfab.stack.fit import check_fit
 from imgfab.stack.fixes import _field_for, _nearest_fix
 from imgfab.in_image.fit import ModelFacts
@@ -156,6 +156,15 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
         if fields is not None:
             stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
             # The model on the GPUs: after the stack, so a recipe no image fits is named first.
+            critical = picked_hits(matrix, stack, severity="critical")
+            if recipe.backend.advisories == "refuse" and critical:
+                package, version, advisory = critical[0]
+                rejections.append(Rejection(
+                    f"{release.backend} {release.version}", "advisory",
+                    f"{package} {version} is inside {advisory.label()}, fixed in {advisory.fixed} "
+                    "(backend.advisories: refuse)"))
+                failures_by_release.append((release, [rejections[-1]]))
+                continue
             stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from),
                             nodes=recipe.target.nodes)
             if advisories:
@@ -167,7 +176,11 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
     if not failures_by_release:
         raise CompatibilityError(f"the matrix has no {recipe.backend.name} release",
                                  field="backend.name")
-    fix = _nearest_fix(recipe, matrix, gpu, precision, failures_by_release, driver)
+    if any(r.constraint == "advisory" for r in rejections):
+        # Every other fix would be searched without the advisories: name one that passes them.
+        fix = refusal_fix(recipe, matrix, lambda changed, on_driver: _quiet_stack(changed, matrix, host, on_driver))
+    else:
+        fix = _nearest_fix(recipe, matrix, gpu, precision, failures_by_release, driver)
     first, deciding = deciding_rejection(failures_by_release)
     which = (f"every candidate the recipe admits fails {first.constraint}; newest"
              if deciding else "newest")
@@ -177,6 +190,13 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
         field=_field_for(first.constraint), fix=fix,
         rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections],
         rejected=[dict(r.__dict__) for r in rejections])
+
+
+def _quiet_stack(recipe: Recipe, matrix: Matrix, host: Host | None, driver: str | None) -> Stack:
+    """The stack ``recipe`` resolves to with advisories only noted (on ``driver`` when given)."""
+    noted = recipe.model_copy(update={"backend": recipe.backend.model_copy(update={"advisories": "note"})})
+    on = Host(driver=driver, gpu=host.gpu if host else None) if driver else host
+    return resolve(noted, matrix, on, advisories=False).stack
 
 
 def _with_advisories(recipe: Recipe, matrix: Matrix, stack: Stack, host: Host | None) -> Stack:
