@@ -864,6 +864,27 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         _emit("build", images=images, bake=None, not_built=[])
 
 
+def _lock_advisories(path: str, lock, compat_path: Path | None) -> tuple[list[str], list[str]]:
+    """(notes, blocking) of compat/advisories.yaml for every package ``lock`` pins; blocking
+    only under the recipe's ``backend.advisories: refuse`` (critical advisories)."""
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.stack.advisories import lock_findings
+
+    if lock is None or not lock.packages:
+        return [], []
+    refuse = load_recipe(path).backend.advisories == "refuse"
+    pins = {name: version for name, (version, _) in lock.packages.items()}
+    return lock_findings(load_matrix(compat_path), pins, refuse=refuse)
+
+
+def _refuse_advisories(as_json: bool, blocked: list[str], **fields) -> None:
+    if blocked:
+        _exit_with("lock", as_json, 2, f"locked packages inside critical advisories: {'; '.join(blocked)}",
+                   "backend.advisories", "lock a backend release whose payload resolves the fixed "
+                   "releases (backend.version), or backend.advisories: note to accept them named", **fields)
+
+
 @cli.command()
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--check", is_flag=True,
@@ -904,16 +925,20 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
         failed = []
         refused = []
         checks = []
+        blocked: list[str] = []
         for path in recipes:
             result = check_lock(path, compat_path)
             entry = {"path": path, "recipe": result.recipe, "lock": str(result.path),
                      "current": not result.problem, "problem": result.problem or None,
                      "refused": result.refused or None, "note": result.note or None,
-                     "online_hashes": None}
+                     "online_hashes": None, "advisories": []}
             checks.append(entry)
             if result.problem:
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
                 continue
+            notes, blocking = _lock_advisories(path, result.lock, compat_path)
+            entry["advisories"] = notes
+            blocked += [f"{result.recipe}: {b}" for b in blocking]
             if result.refused and not allow_refused:
                 refused.append(result.recipe)
             compared = ""
@@ -927,6 +952,8 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
                 click.echo(f"{result.recipe}: lock current{compared}; {result.note}")
             else:
                 click.echo(f"{result.recipe}: lock current{compared}")
+            for note in notes:
+                click.echo(f"  advisory: {note}")
         missing = (f"missing or stale: {'; '.join(failed)}", "lock",
                    "run `imgfab lock RECIPE` and commit the lock")
         if refused:  # exit 2 wins; a missing or stale lock beside it still gets its line
@@ -936,6 +963,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             _exit_with("lock", as_json, 2, f"refused, cannot build: {', '.join(refused)}", "lock",
                        "lock them where their indexes answer, or pass --allow-refused to accept "
                        "the recorded refusals", check=True, locks=checks)
+        _refuse_advisories(as_json, blocked, check=True, locks=checks)
         if failed:
             _exit_with("lock", as_json, 1, *missing, check=True, locks=checks)
         if as_json:
@@ -949,6 +977,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
     from imgfab.progress import for_command
 
     refused = []
+    blocked: list[str] = []
     locks: list[dict] = []
     progress = for_command(quiet=quiet)
     for path in recipes:
@@ -964,20 +993,26 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             click.echo(f"imgfab: {error.one_line()}", err=True)
             refused.append(error)
             locks.append({"path": path, "lock": None, "written": None, "packages": None,
-                          "diff": [], "error": error_object(error)})
+                          "diff": [], "error": error_object(error), "advisories": []})
             continue
+        notes, blocking = _lock_advisories(path, result.lock, compat_path)
+        blocked += [f"{Path(result.path).stem}: {b}" for b in blocking]
         locks.append({"path": path, "lock": str(result.path), "written": result.written,
-                      "packages": len(result.lock.packages), "diff": list(result.diff), "error": None})
+                      "packages": len(result.lock.packages), "diff": list(result.diff), "error": None,
+                      "advisories": notes})
         if as_json:
             continue
         if not result.written:
             click.echo(f"{result.path}: current ({len(result.lock.packages)} packages)")
-            continue
-        click.echo(f"wrote {result.path} ({len(result.lock.packages)} packages)")
-        for line in result.diff:
-            click.echo(f"  {line}")
-        if not result.diff:
-            click.echo("  no package changed")
+        else:
+            click.echo(f"wrote {result.path} ({len(result.lock.packages)} packages)")
+            for line in result.diff:
+                click.echo(f"  {line}")
+            if not result.diff:
+                click.echo("  no package changed")
+        for note in notes:
+            click.echo(f"  advisory: {note}")
+    _refuse_advisories(as_json, blocked, check=False, locks=locks)
     if refused:
         if as_json:
             _emit_failure("lock", refused[0], check=False, locks=locks)

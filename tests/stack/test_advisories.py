@@ -203,3 +203,45 @@ def test_refuse_is_a_recipe_field_with_two_values():
     with pytest.raises(RecipeError) as caught:
         parse_recipe(_refusing() | {"backend": {"name": "vllm", "advisories": "ignore"}})
     assert caught.value.field == "backend.advisories" and "'note' or 'refuse'" in caught.value.message
+
+
+def _with_row(tmp_path, package: str, affected: str, severity: str):
+    compat = tmp_path / "compat"
+    shutil.copytree(REPO / "compat", compat)
+    path = compat / "advisories.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["advisories"].insert(0, {"id": "CVE-2099-0001", "aliases": [], "package": package,
+                                  "affected": affected, "fixed": "99.0.0", "severity": severity,
+                                  "cvss": "", "summary": "a row of this test",
+                                  "source": "https://example.invalid/row", "confirmed": True})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return compat
+
+
+def _locked(name: str) -> str:
+    line = next(l for l in (REPO / "recipes" / "qwen2-7b-h200.lock").read_text().splitlines()
+                if l.startswith(f"{name}=="))
+    return line.split("==", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("refuse, severity, code", [(False, "critical", 0), (True, "high", 0), (True, "critical", 2)])
+def test_lock_check_reads_the_whole_locked_set_against_the_advisories(tmp_path, refuse, severity, code):
+    # transformers is no top-level pin (vllm's requirement resolves it): only the lock knows it.
+    version = _locked("transformers")
+    compat = _with_row(tmp_path, "transformers", f"<={version}", severity)
+    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h200.yaml").read_text())
+    if refuse:
+        data["backend"]["advisories"] = "refuse"
+    recipe = tmp_path / "qwen2-7b-h200.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    shutil.copy(REPO / "recipes" / "qwen2-7b-h200.lock", tmp_path)
+    result = CliRunner().invoke(cli, ["lock", "--check", "--compat-dir", str(compat), str(recipe)])
+    assert result.exit_code == code, result.output
+    assert f"advisory: transformers {version} (locked) is inside CVE-2099-0001" in result.output
+    if code == 2:
+        [line] = [l for l in result.output.splitlines() if l.startswith("imgfab: ")]
+        assert line.startswith("imgfab: backend.advisories: locked packages inside critical advisories: "
+                               f"qwen2-7b-h200: transformers {version} (CVE-2099-0001, fixed in 99.0.0)")
+    as_json = CliRunner().invoke(cli, ["lock", "--check", "--json", "--compat-dir", str(compat), str(recipe)])
+    [entry] = json.loads(as_json.stdout)["locks"]
+    assert any("CVE-2099-0001" in note for note in entry["advisories"])

@@ -75,6 +75,20 @@ def locked_hits(matrix: Matrix, pins: dict[str, str]) -> list[tuple[str, str, An
             for advisory in matrix.advisories_for(name, pins[name])]
 
 
+def lock_findings(matrix: Matrix, packages: dict[str, str], *, refuse: bool
+                  ) -> tuple[list[str], list[str]]:
+    """(notes, blocking) for a lock's whole locked set (name → version): one note per advisory
+    holding a pin; under ``refuse`` (``backend.advisories: refuse``) the critical ones block."""
+    notes, blocking = [], []
+    for name, version, advisory in locked_hits(matrix, packages):
+        notes.append(f"{name} {version} (locked) is inside {advisory.label()}: {advisory.summary}; "
+                     f"affected {advisory.affected}, fixed in {advisory.fixed}"
+                     + ("" if advisory.confirmed else " (advisory range unconfirmed)"))
+        if refuse and advisory.severity == "critical":
+            blocking.append(f"{name} {version} ({advisory.id}, fixed in {advisory.fixed})")
+    return notes, blocking
+
+
 def advisory_notes(recipe: Recipe, matrix: Matrix, stack: Any,
                    resolve_quietly: Callable[[Recipe, str | None], Any]
                    ) -> tuple[list[str], list[str]]:
