@@ -129,8 +129,7 @@ def test_bake_reports_each_recipe_and_q_silences_it(tmp_path):
     assert loud.returncode == 0, loud.stderr
     lines = loud.stderr.splitlines()
     assert [line.split("] ", 1)[1] for line in lines] == [
-        "bake: rendering: 0/2 qwen2-7b-h100.yaml", "bake: rendering: 1/2 llama31-8b-l4.yaml",
-        "bake: rendering: 2/2 done"], lines
+        "bake: rendered: 1/2 qwen2-7b-h100.yaml", "bake: rendered: 2/2 llama31-8b-l4.yaml"], lines
     quiet = subprocess.run([*argv, "-q"], capture_output=True, text=True, timeout=120)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 

@@ -76,7 +76,7 @@ PLANTS += [
          old='        if status in ("Pushing", "Downloading") and detail.get("total"):',
          new='        if detail.get("total"):', first=PROGRESS),
     dict(name="ux: bake renders without progress", path="render/bake.py",
-         old='            progress.item("bake: rendering", index - 1, len(recipe_paths), Path(path).name)',
+         old='            progress.item("bake: rendered", index, len(recipe_paths), Path(path).name)',
          new='            pass', first=PROGRESS),
     dict(name="ux: push progress never reaches the daemon stream", path="docker/registry.py",
          old="                        on_line=on_line, progress=progress)",

@@ -29,15 +29,18 @@ def l4_stack():
     return stack.to_dict(), matrix
 
 
-def _measured(runtime: str, torch_sass: list[str], vllm_sass: list[str]) -> payload.Measured:
+def _measured(runtime: str, torch_sass: list[str], vllm_sass: list[str],
+              vllm_ptx: tuple[str, ...] = ("5.2", "8.0", "8.9", "9.0")) -> payload.Measured:
     return payload.Measured(
         dists={"nvidia-cuda-runtime-cu12": runtime, "nvidia-cublas-cu12": "12.8.4.1"},
         libraries={"torch": {"path": "torch/lib/libtorch_cuda.so", "sass": torch_sass, "ptx": [], "blobs": 900},
-                   "vllm": {"path": "vllm/_C.abi3.so", "sass": vllm_sass, "ptx": [], "blobs": 300}})
+                   "vllm": {"path": "vllm/_C.abi3.so", "sass": vllm_sass, "ptx": list(vllm_ptx), "blobs": 300}})
 
 
-TORCH_2_10 = ["7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
-VLLM_0_19 = ["7.0", "7.5", "8.0", "8.9", "9.0", "10.0", "12.0"]
+# compat/torch.yaml torch 2.10.0 and compat/vllm.yaml vllm 0.19.1, as every fat binary of their
+# wheels reads (compat refresh of 2026-12-03; the first 54/64 fat binaries missed 8.9 and 5.2).
+TORCH_2_10 = ["7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]
+VLLM_0_19 = ["5.2", "7.0", "7.5", "8.0", "8.9", "9.0", "10.0", "12.0"]
 
 
 def test_agreeing_payload_passes_and_labels_the_measured_values(l4_stack):

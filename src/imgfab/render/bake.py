@@ -67,8 +67,6 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     targets: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
     for index, path in enumerate(recipe_paths, start=1):
-        if progress is not None:
-            progress.item("bake: rendering", index - 1, len(recipe_paths), Path(path).name)
         recipe = load_recipe(path)
         stack = resolve(recipe, matrix, None).stack
         strategy = "at-start" if stack.backend_path == "engine" else "two-phase"
@@ -100,8 +98,8 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
             "output": [image_output(recipe.image.compression)],
             "attest": ["type=provenance,disabled=true", "type=sbom,disabled=true"],
         }
-    if progress is not None:
-        progress.item("bake: rendering", len(recipe_paths), len(recipe_paths), "done")
+        if progress is not None:  # after the recipe: a bad one is its one error line, alone
+            progress.item("bake: rendered", index, len(recipe_paths), Path(path).name)
     return {"group": {"default": {"targets": sorted(targets)}},
             "target": dict(sorted(targets.items()))}
 
