@@ -153,7 +153,9 @@ def _network():
 def _start(image: str, network: str, containers: list[str], role: str, *extra: str) -> str:
     name = f"{PREFIX}{role}-{uuid.uuid4().hex[:8]}"
     containers.append(name)
+    # read-only root, exec tmpfs on /tmp (Ray's session directory): the shape compose.yaml runs
     _docker("run", "--detach", "--name", name, "--network", network, "--shm-size", SHM,
+            "--read-only", "--tmpfs", "/tmp:exec,mode=1777",
             "--env", f"IMGFAB_ROLE={role}", *extra, image)
     return name
 
