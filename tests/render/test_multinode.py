@@ -323,3 +323,141 @@ def test_multinode_entrypoint_passes_shellcheck(tmp_path):
     result = subprocess.run([shellcheck, "--shell", "bash", "--severity", "style",
                              str(tmp_path / "ctx" / "entrypoint.sh")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+# --- run.sh and compose.yaml for plain hosts: a leader role and a worker role ---------------
+
+def _run_sh(tmp_path: Path, *args: str, **extra: str):
+    """Run the rendered run.sh with a recording ``docker``; (result, its docker argv or None)."""
+    import os
+
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "docker").write_text(RECORDER)
+    (stubs / "docker").chmod(0o755)
+    log = tmp_path / "docker-calls"
+    log.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMGFAB_")
+           and k not in ("API_KEY_FILE", "WEIGHTS_DIR", "HOST_PORT", "HOST_ADDR")}
+    env |= {"PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log), **extra}
+    result = subprocess.run(["bash", str(tmp_path / "ctx" / "run.sh"), *args], env=env,
+                            capture_output=True, text=True, timeout=60)
+    records = log.read_text().split("\x1e")[:-1] if log.exists() else []
+    calls = [r.split("\x1f")[:-1] for r in records]
+    assert len(calls) <= 1
+    return result, calls[0] if calls else None
+
+
+def _common_argv(recipe) -> list[str]:
+    return ["--shm-size", recipe.image.shm_size, "--ulimit", "memlock=-1",
+            "--ulimit", "stack=67108864", "--network", "host",
+            "--env", f"IMGFAB_PRESET={recipe.serve.preset}",
+            "--mount", f"type=bind,source=/srv/weights,target={recipe.model.mount_path},readonly",
+            "--mount", f"type=volume,source=imgfab-{recipe.name}-cache,target=/home/imgfab/.cache"]
+
+
+def test_run_sh_leader_role(tmp_path):
+    from imgfab.render.context import context_image
+
+    recipe, _, files = _render(tmp_path)
+    key = tmp_path / "api-key"
+    key.write_text("k-123")
+    result, argv = _run_sh(tmp_path, "leader", WEIGHTS_DIR="/srv/weights", API_KEY_FILE=str(key))
+    assert result.returncode == 0, result.stderr
+    image = f"{recipe.image.repository}:{context_image(files)['tag']}"
+    assert argv == ["docker", "run", "--rm", "--name", f"{recipe.name}-leader",
+                    "--gpus", "count=8", *_common_argv(recipe),  # one node's 8 GPUs, not 16
+                    "--env", "IMGFAB_ROLE=leader",
+                    "--mount", f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly",
+                    "--env", "IMGFAB_RAY_WAIT_S", "--env", "IMGFAB_RAY_ARGS", image]
+    # the same through the environment; and a leader is never started without its key
+    same, again = _run_sh(tmp_path, WEIGHTS_DIR="/srv/weights", API_KEY_FILE=str(key),
+                          IMGFAB_ROLE="leader")
+    assert same.returncode == 0 and again == argv
+    keyless, none = _run_sh(tmp_path, "leader", WEIGHTS_DIR="/srv/weights")
+    assert keyless.returncode != 0 and "API_KEY_FILE" in keyless.stderr and none is None
+
+
+def test_run_sh_worker_role_passes_the_leader_address(tmp_path):
+    recipe, _, _ = _render(tmp_path)
+    result, argv = _run_sh(tmp_path, "worker", "10.0.0.7", WEIGHTS_DIR="/srv/weights")
+    assert result.returncode == 0, result.stderr  # a worker needs no API key
+    assert argv[:6] == ["docker", "run", "--rm", "--name", f"{recipe.name}-worker", "--gpus"]
+    tail = argv[argv.index("IMGFAB_PRESET=chat") + 5:]
+    assert tail[:4] == ["--env", "IMGFAB_ROLE=worker", "--env", "IMGFAB_LEADER_ADDRESS=10.0.0.7"]
+    assert not any("imgfab-api-key" in a for a in argv)
+    env_form, again = _run_sh(tmp_path, WEIGHTS_DIR="/srv/weights", IMGFAB_ROLE="worker",
+                              IMGFAB_LEADER_ADDRESS="10.0.0.7")
+    assert env_form.returncode == 0 and again == argv
+
+
+@pytest.mark.parametrize(("args", "env", "needle"), [
+    ((), {}, "spans 2 nodes: run './run.sh leader'"),
+    (("head",), {}, "spans 2 nodes"),
+    (("worker",), {}, "needs the leader's address"),
+    (("worker", "a b"), {}, "must be a host name or IPv4 address"),
+    (("worker", "x;reboot"), {}, "must be a host name or IPv4 address"),
+    (("worker", "--privileged"), {}, "must be a host name or IPv4 address"),
+    (("worker", "10.0.0.7", "--extra"), {}, "too many arguments for the worker role"),
+    (("leader", "--extra"), {}, "too many arguments for the leader role"),
+])
+def test_run_sh_refuses_a_wrong_role_in_one_line(tmp_path, args, env, needle):
+    _render(tmp_path)
+    result, argv = _run_sh(tmp_path, *args, WEIGHTS_DIR="/srv/weights", **env)
+    assert result.returncode == 2 and argv is None
+    assert needle in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_multinode_run_sh_passes_shellcheck(tmp_path):
+    _render(tmp_path)
+    shellcheck = shutil.which("shellcheck") or str(BIN / "shellcheck")
+    result = subprocess.run([shellcheck, "--shell", "bash", "--severity", "style",
+                             str(tmp_path / "ctx" / "run.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def _compose_config(tmp_path: Path, *args: str, **extra: str) -> dict:
+    import os
+
+    compose = shutil.which("docker-compose")
+    assert compose, "docker-compose missing: scripts/local-stack.sh up installs Debian's docker-compose"
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST" and not k.startswith("IMGFAB_")
+           and k != "API_KEY_FILE"} | {"WEIGHTS_DIR": "/srv/weights", **extra}
+    result = subprocess.run([compose, "-f", str(tmp_path / "ctx" / "compose.yaml"), *args, "config"],
+                            env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_compose_renders_a_leader_and_a_worker_profile(tmp_path):
+    recipe, _, _ = _render(tmp_path)
+    config = _compose_config(tmp_path, "--profile", "worker", API_KEY_FILE="/srv/api-key",
+                             IMGFAB_LEADER_ADDRESS="10.0.0.7")
+    leader = config["services"][recipe.name]
+    worker = config["services"][f"{recipe.name}-worker"]
+    assert "profiles" not in leader and worker["profiles"] == ["worker"]
+    assert leader["environment"]["IMGFAB_ROLE"] == "leader"
+    assert worker["environment"]["IMGFAB_ROLE"] == "worker"
+    assert worker["environment"]["IMGFAB_LEADER_ADDRESS"] == "10.0.0.7"
+    assert "IMGFAB_LEADER_ADDRESS" not in leader["environment"]
+    for service in (leader, worker):
+        assert service["network_mode"] == "host" and "ports" not in service
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 8
+        assert service["read_only"] is True and service["shm_size"] == "64g"
+        assert service["environment"]["IMGFAB_RAY_WAIT_S"] == "600"
+    assert leader["secrets"] == [{"source": "api_key", "target": "imgfab-api-key"}]
+    assert "secrets" not in worker
+    assert config["secrets"] == {"api_key": {"file": "/srv/api-key"}}
+    # a worker host sets neither the key nor anything but the leader's address
+    bare = _compose_config(tmp_path, "--profile", "worker", IMGFAB_LEADER_ADDRESS="10.0.0.7")
+    assert bare["services"][f"{recipe.name}-worker"]["environment"]["IMGFAB_LEADER_ADDRESS"] == "10.0.0.7"
+
+
+def test_entrypoint_passes_imgfab_ray_args_to_ray_start(tmp_path):
+    _render(tmp_path)
+    extra = {"IMGFAB_RAY_ARGS": "--num-cpus=1  --object-store-memory=104857600"}
+    _, worker = _entry(tmp_path, "worker", LWS_LEADER_ADDRESS="lws-0.lws", **extra)
+    assert worker[-1][-2:] == ["--num-cpus=1", "--object-store-memory=104857600"]
+    _, leader = _entry(tmp_path, "leader", **extra)
+    assert leader[1][1:] == ["start", "--head", "--port=6379", "--num-gpus=8",
+                             "--disable-usage-stats", "--num-cpus=1", "--object-store-memory=104857600"]

@@ -6,6 +6,10 @@ run.sh and compose share one JIT cache volume, as they do on a host (the same vo
 the first start compiles, the second shows a restart loading what was compiled; k8s starts
 with empty emptyDir-like volumes, so it compiles again. A cache volume smoke made is removed.
 
+With ``--weights DIR``, the model in DIR is checked against the image before any container
+starts (:mod:`imgfab.ops.smoke_fit`, the resolver's rule): one that cannot fit is refused with
+the numbers, exit 2; the fit line (or what was not checked) is the report's first note.
+
 ``--synthetic-model`` serves a small random-weight model of the recipe's architecture
 (``compat/models.yaml``), written by :mod:`imgfab.ops.synthetic_model` run inside the image
 itself, so any GPU host can prove an image starts and serves without the real (possibly gated)
@@ -31,6 +35,7 @@ from imgfab.render import shapes
 from imgfab.render.shapes import SHAPES
 from imgfab.errors import EngineError, RecipeError
 from imgfab.ops.smoke import RunSettings, SmokeReport, smoke_image
+from imgfab.ops.smoke_fit import weights_fit
 
 SYNTHETIC_NOTE = ("synthetic weights: a random-weight {architecture} with a generated tokenizer "
                   "(imgfab.ops.synthetic_model), made inside the image; this proves the image starts, "
@@ -189,7 +194,9 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
     ``architecture`` (default: compat/models.yaml for the image's model id) made inside the
     image. ``mounts``, ``devices``, ``env`` and ``network`` reach every container (GPU access
     without the NVIDIA runtime, a host without a bridge network). RecipeError for an image
-    imgfab did not build or an architecture it cannot make; EngineError from the engine.
+    imgfab did not build, an architecture it cannot make, or weights of another model;
+    CompatibilityError for weights that cannot fit (before any container starts); EngineError
+    from the engine.
 
     An image the engine does not hold is pulled first (unless not ``pull``), with the registry's
     credentials as ``imgfab push`` finds them and the bytes read reported to ``progress``: a GPU
@@ -209,6 +216,8 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
                           fix="smoke an image built by imgfab")
     uid = image_uid(str(config.get("User") or ""))
     directory, note = None, ""
+    # Real weights at hand: refuse a model that cannot fit before any container starts.
+    fit = weights_fit(labels, weights) if weights is not None else ""
     if weights is None:
         model_id = labels.get("org.imgfab.model.id", "")
         architecture = architecture or model_architecture(model_id)
@@ -228,9 +237,12 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
             env=dict(env or {}), devices=tuple(devices), network=network,
             container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
             completions=True, extra_body=dict(SYNTHETIC_BODY) if directory is not None else {})
-        return smoke_shapes(image, settings, shapes, uid=uid, cache_volume=cache_volume,
-                            engine=engine, weights=str(weights), synthetic_note=note,
-                            api_key=labels.get("org.imgfab.backend") == "vllm")
+        report = smoke_shapes(image, settings, shapes, uid=uid, cache_volume=cache_volume,
+                              engine=engine, weights=str(weights), synthetic_note=note,
+                              api_key=labels.get("org.imgfab.backend") == "vllm")
+        if fit:
+            report.notes.insert(0, fit)
+        return report
     finally:
         if directory is not None:
             remove_directory(directory)

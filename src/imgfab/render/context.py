@@ -431,6 +431,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "shm_k8s": _k8s_quantity(recipe.image.shm_size),
         "gpu_count": stack.tensor_parallel * stack.pipeline_parallel // stack.nodes,
         "nodes": stack.nodes,
+        # the services compose.yaml renders: one, or a leader and a worker (target.nodes > 1)
+        "node_roles": ("leader", "worker") if stack.nodes > 1 else ("",),
         "ray_port": RAY_PORT,
         "health_path": "/health",
         "engine": _engine_context(plan, recipe),

@@ -66,17 +66,20 @@ def merge_facts(recipe: Recipe, read: ModelFacts | None, where: str) -> ModelFac
     return ModelFacts(**merged)
 
 
-def _gpus_text(gpu: Gpu, count: int) -> str:
+def describe_gpus(gpu: Gpu, count: int) -> str:
+    """How a fit line names the GPUs: ``8× H100-SXM (80 GiB)``."""
     return f"{count}× {gpu.name} ({gpu.memory_gib:g} GiB)"
 
 
-def _memory(gpu: Gpu) -> float:
+def gpu_memory_bytes(gpu: Gpu) -> float:
+    """One GPU's memory as the fit counts it: compat/gpus.yaml's ``memory_gib``."""
     return gpu.memory_gib * 2**30
 
 
 def _fits(facts: ModelFacts, serving: Serving, gpu: Gpu) -> bool:
     need = need_of(facts, serving)
-    return need is None or need.total <= capacity(_memory(gpu), serving.utilization, serving.gpus)
+    return need is None or need.total <= capacity(gpu_memory_bytes(gpu), serving.utilization,
+                                                  serving.gpus)
 
 
 def _with(serving: Serving, **changes: int) -> Serving:
@@ -88,12 +91,12 @@ def _more_gpus(facts: ModelFacts, serving: Serving, gpu: Gpu) -> str:
     sizes = [t for t in tensor_parallel_sizes(facts, GPUS_PER_NODE) if t > serving.tp]
     for tp in sizes:
         if _fits(facts, _with(serving, tp=tp), gpu):
-            return f"target.count: {tp} ({_gpus_text(gpu, tp * serving.pp)})"
+            return f"target.count: {tp} ({describe_gpus(gpu, tp * serving.pp)})"
     widest = max(tensor_parallel_sizes(facts, GPUS_PER_NODE) + [serving.tp])
     for pp in range(serving.pp + 1, 65):
         if _fits(facts, _with(serving, tp=widest, pp=pp), gpu):
             count = f"target.count: {widest} and " if widest != serving.tp else ""
-            return f"{count}target.pipeline_parallel: {pp} ({_gpus_text(gpu, widest * pp)})"
+            return f"{count}target.pipeline_parallel: {pp} ({describe_gpus(gpu, widest * pp)})"
     return ""
 
 
@@ -108,7 +111,7 @@ def _bigger_gpu(facts: ModelFacts, serving: Serving, gpu: Gpu, matrix: Matrix) -
 
 def _shorter(serving: Serving, gpu: Gpu, recipe: Recipe, need: Need) -> str:
     """A shorter max length that fits (the weights already do)."""
-    tokens = resident(need, memory_bytes=_memory(gpu), serving=serving)
+    tokens = resident(need, memory_bytes=gpu_memory_bytes(gpu), serving=serving)
     length = tokens // LENGTH_STEP * LENGTH_STEP
     if length >= 16:
         return f"{_max_len_field(recipe)}: {length} (the KV cache holds {tokens} tokens)"
@@ -118,7 +121,7 @@ def _shorter(serving: Serving, gpu: Gpu, recipe: Recipe, need: Need) -> str:
 def _fix(facts: ModelFacts, serving: Serving, gpu: Gpu, matrix: Matrix, recipe: Recipe,
          need: Need) -> tuple[str, str]:
     """(field, fix): the smallest change first (serving limits, then GPUs, then a bigger GPU)."""
-    have = capacity(_memory(gpu), serving.utilization, serving.gpus)
+    have = capacity(gpu_memory_bytes(gpu), serving.utilization, serving.gpus)
     options: list[str] = []
     if need.weights < have:
         options.append(_shorter(serving, gpu, recipe, need))
@@ -154,7 +157,7 @@ def check_fit(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
                                  "evenly across tensor-parallel ranks)", field="target.count",
                                  fix=f"target.count: {tp}")
     need = need_of(facts, serving)
-    gpus_text = _gpus_text(gpu, serving.gpus)
+    gpus_text = describe_gpus(gpu, serving.gpus)
     if need is None:
         missing = facts.missing(("parameters", "layers", "kv_heads", "head_size"))
         done = [c for c, names in (("max positions", ("max_positions",)),
@@ -162,15 +165,16 @@ def check_fit(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
         also = f" ({', '.join(done)} checked)" if done else ""
         return (f"not checked: memory fit unknown, model.facts lacks {', '.join(missing)}{also}; "
                 "declare them in the recipe or run `imgfab resolve --weights DIR`")
-    problem = memory_problem(need, memory_bytes=_memory(gpu), serving=serving, gpus_text=gpus_text)
+    memory = gpu_memory_bytes(gpu)
+    problem = memory_problem(need, memory_bytes=memory, serving=serving, gpus_text=gpus_text)
     if problem:
         field, fix = _fix(facts, serving, gpu, matrix, recipe, need)
         raise CompatibilityError(f"{recipe.model.id} does not fit: {problem}", field=field, fix=fix)
     left = [n for n in FACT_NAMES if n in facts.missing()]
     unchecked = f"; not checked: {', '.join(left)} unknown" if left else ""
-    tokens = resident(need, memory_bytes=_memory(gpu), serving=serving)
+    tokens = resident(need, memory_bytes=memory, serving=serving)
     seqs = recipe.limits()[recipe.serve.preset]["max_num_seqs"]
-    return (f"fits: {fit_line(need, memory_bytes=_memory(gpu), serving=serving, gpus_text=gpus_text)}; "
+    return (f"fits: {fit_line(need, memory_bytes=memory, serving=serving, gpus_text=gpus_text)}; "
             f"the KV cache holds about {tokens} tokens, {tokens // serving.max_len} sequences at "
             f"full length (max_num_seqs {seqs}){unchecked}")
 
@@ -186,5 +190,5 @@ def per_gpu_need_mib(recipe: Recipe, precision: str) -> int | None:
     return -(-int(need.total / serving.gpus / serving.utilization) // 2**20)
 
 
-__all__ = ["GPUS_PER_NODE", "check_fit", "declared_facts", "gb", "max_len_of", "merge_facts",
-           "per_gpu_need_mib", "serving_of"]
+__all__ = ["GPUS_PER_NODE", "check_fit", "declared_facts", "describe_gpus", "gb",
+           "gpu_memory_bytes", "max_len_of", "merge_facts", "per_gpu_need_mib", "serving_of"]
