@@ -22,10 +22,11 @@ def repo() -> Path:
     return REPO
 
 
-# The planted-bug harness and the fuzz campaign take minutes: they run only when the -m
-# expression names them (`-m mutation`, `-m fuzz`); otherwise they are deselected, and pytest's
-# summary counts them as deselected, not as passed.
-_HEAVY = ("mutation", "fuzz")
+# The planted-bug harness and the fuzz campaign take minutes, and the `network` tests need
+# PyPI: they run only when the -m expression names them (`-m mutation`, `-m fuzz`,
+# `-m network`); otherwise they are deselected, and pytest's summary counts them as
+# deselected, not as passed.
+_HEAVY = ("mutation", "fuzz", "network")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -336,7 +336,8 @@ def _trim_index(project: str, index: dict, read: set[str]) -> dict:
             rows = files[:1]
         else:
             continue
-        releases[version] = [{"filename": f["filename"], "url": f["url"], "yanked": bool(f.get("yanked"))}
+        releases[version] = [{"filename": f["filename"], "url": f["url"], "yanked": bool(f.get("yanked")),
+                              "upload_time_iso_8601": f["upload_time_iso_8601"]}
                              for f in sorted(rows, key=lambda f: f["filename"])]
     return {"info": {"name": index["info"]["name"], "version": index["info"]["version"]},
             "releases": releases}

@@ -162,7 +162,8 @@ def test_fingerprint_follows_what_decides_the_payload():
     base = _request()
     assert base.fingerprint() == _request().fingerprint()
     for change in (dict(pins=("torch==2.9.0",)), dict(python="3.11"), dict(cuda_major="12"),
-                   dict(indexes=()), dict(default_index="https://mirror/simple"), dict(installer="uv==1")):
+                   dict(indexes=()), dict(default_index="https://mirror/simple"), dict(installer="uv==1"),
+                   dict(exclude_newer="2026-05-02T05:50:15Z")):
         assert _request(**change).fingerprint() != base.fingerprint(), change
 
 

@@ -174,6 +174,9 @@ class BackendRelease(Sourced):
     fatbin_sass: tuple[str, ...] = ()  # measured in the wheel's own CUDA library (compat refresh)
     fatbin_ptx: tuple[str, ...] = ()
     fatbin_source: str = ""
+    # When the release was complete on PyPI (the latest upload time of its files, compat
+    # refresh): "2026-04-18T05:50:15Z"; "" when not recorded. It bounds the lock (imgfab.payload.era).
+    uploaded: str = ""
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,18 @@ def _records(data: dict[str, Any], key: str, path: str) -> list[dict[str, Any]]:
     return rows
 
 
+_UPLOADED = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+
+
+def _uploaded(row: dict[str, Any], where: str) -> str:
+    """A release's ``uploaded:`` (UTC, to the second, as compat refresh writes it), or ""."""
+    value = str(row.get("uploaded") or "")
+    if value and not _UPLOADED.match(value):
+        raise MatrixError(f"{where}: uploaded {value!r} is not a UTC time like 2026-04-18T05:50:15Z",
+                          field="compat")
+    return value
+
+
 def _sourced(row: dict[str, Any]) -> dict[str, Any]:
     return {"source": str(row["source"]), "confirmed": bool(row.get("confirmed", False))}
 
@@ -453,7 +468,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                 system_packages=_tuple(row.get("system_packages")), note=str(row.get("note", "")),
                 torch_index=str(row.get("torch_index") or "https://pypi.org/simple"),
                 fatbin_sass=_tuple(row.get("fatbin_sass")), fatbin_ptx=_tuple(row.get("fatbin_ptx")),
-                fatbin_source=str(row.get("fatbin_source") or ""), **_sourced(row)))
+                fatbin_source=str(row.get("fatbin_source") or ""),
+                uploaded=_uploaded(row, where), **_sourced(row)))
             note(backend, version, row)
 
     profiles = {

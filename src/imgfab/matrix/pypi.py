@@ -163,6 +163,7 @@ class CoreMetadata:
 class DistFile:
     filename: str
     url: str
+    uploaded: str = ""  # PyPI's upload_time_iso_8601, to the second: "2026-04-18T05:50:15Z"
 
 
 def parse_core_metadata(text: str) -> CoreMetadata:
@@ -195,8 +196,29 @@ def _canonical(name: str) -> str:
 def release_files(index: dict, version: str, base_url: str) -> list[DistFile]:
     """Non-yanked files of one release from a project index, with absolute URLs."""
     rows = (index.get("releases") or {}).get(version) or []
-    return [DistFile(row["filename"], urljoin(base_url, row["url"]))
+    return [DistFile(row["filename"], urljoin(base_url, row["url"]), _second(row.get("upload_time_iso_8601")))
             for row in rows if not row.get("yanked")]
+
+
+_UPLOAD_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?Z$")
+
+
+def _second(value: Any) -> str:
+    """``2026-04-18T05:50:15.143159Z`` → ``2026-04-18T05:50:15Z``; "" when absent or not that shape."""
+    match = _UPLOAD_TIME.match(str(value or ""))
+    return f"{match.group(1)}Z" if match else ""
+
+
+def release_uploaded(files: Iterable[DistFile]) -> str:
+    """When a release was complete on the index: the latest upload time of its non-yanked
+    files (a wheel uploaded a day after the sdist still belongs to the release), "" when the
+    index gives none. A lock bounded by it can always install the release itself.
+
+    >>> release_uploaded([DistFile("a.whl", "u", "2026-04-18T05:49:16Z"),
+    ...                   DistFile("a.tar.gz", "u", "2026-04-18T05:50:15Z")])
+    '2026-04-18T05:50:15Z'
+    """
+    return max((f.uploaded for f in files if f.uploaded), default="")
 
 
 def _wheel_parts(filename: str) -> tuple[int, str]:

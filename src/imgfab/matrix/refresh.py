@@ -44,8 +44,8 @@ from packaging.version import InvalidVersion, Version
 from imgfab.errors import NetworkError
 from imgfab.matrix.pypi import (CoreMetadata, DistFile, PYPI_INDEX, PYPI_PROJECT_URL,
                                 PYPI_RELEASE_PAGE, _HttpRangeFile, fetch_json, fetch_metadata,
-                                metadata_file, parse_core_metadata, release_files, requirement,
-                                wheel_tags)
+                                metadata_file, parse_core_metadata, release_files, release_uploaded,
+                                requirement, wheel_tags)
 
 
 # Oldest release of each backend kept in the matrix.
@@ -65,10 +65,10 @@ FIELDS = {
     "torch": ("version", "index", "cuda", "cuda_runtime", "python", "fatbin_sass", "fatbin_ptx",
               "source", "fatbin_source", "upstream_source", "confirmed", "note"),
     "vllm": ("version", "torch", "python", "cuda", "build_cuda", "cuda_archs", "ptx_archs",
-             "fatbin_sass", "fatbin_ptx", "wheel_tags", "source", "fatbin_source",
+             "fatbin_sass", "fatbin_ptx", "wheel_tags", "uploaded", "source", "fatbin_source",
              "upstream_source", "confirmed", "note"),
     "tensorrt-llm": ("version", "tensorrt", "torch", "torch_index", "python", "python_classifiers",
-                     "cuda", "base_image", "cuda_archs", "wheel_tags", "system_packages", "source",
+                     "cuda", "base_image", "cuda_archs", "wheel_tags", "system_packages", "uploaded", "source",
                      "upstream_source", "confirmed", "note"),
     "tensorrt": ("version", "cuda_major", "requires", "source", "confirmed", "note"),
 }
@@ -95,11 +95,14 @@ HEADERS = {
             "cuda_archs and ptx_archs come from the release's source tree (docker/Dockerfile,\n"
             ".buildkite/release-pipeline.yaml, setup.py MAIN_CUDA_VERSION) and are carried over.\n"
             "fatbin_sass/fatbin_ptx: architectures measured in vllm/_C.abi3.so of the wheel\n"
-            "(ELF .nv_fatbin, HTTP range requests; the union over the fat binaries read).",
+            "(ELF .nv_fatbin, HTTP range requests; the union over the fat binaries read).\n"
+            "uploaded: the latest upload time of the release's files (PyPI JSON API), which\n"
+            "bounds `imgfab lock` (uv --exclude-newer, imgfab.payload.era).",
     "tensorrt-llm": "TensorRT-LLM release -> tensorrt and torch pins, Requires-Python and Python\n"
                     "classifiers (PKG-INFO of the wheel-stub sdist on PyPI; the wheels live on\n"
                     "pypi.nvidia.com). cuda, base_image, cuda_archs and system_packages come from\n"
-                    "upstream and are carried over.",
+                    "upstream and are carried over. uploaded: the latest upload time of the\n"
+                    "release's files on PyPI (JSON API), which bounds `imgfab lock`.",
     "tensorrt": "TensorRT release -> CUDA major it is built for, read from the Requires-Dist of\n"
                 "the 'tensorrt' metapackage (tensorrt_cu12 / tensorrt_cu13).",
 }
@@ -158,7 +161,7 @@ def vllm_record(version: str, meta: CoreMetadata, filename: str, files: list[Dis
         f"no torch requirement; Requires-Python {meta.requires_python}"
     return {"version": version, "torch": spec, "python": meta.requires_python,
             "cuda": pinned["cuda"] if pinned else "", "wheel_tags": wheel_tags(files),
-            "source": _provenance("vllm", version, filename, facts)}
+            "uploaded": release_uploaded(files), "source": _provenance("vllm", version, filename, facts)}
 
 
 def tensorrt_llm_record(version: str, meta: CoreMetadata, filename: str,
@@ -173,7 +176,7 @@ def tensorrt_llm_record(version: str, meta: CoreMetadata, filename: str,
     return {"version": version, "tensorrt": str(tensorrt.specifier) if tensorrt else "",
             "torch": str(torch.specifier) if torch else "", "python": meta.requires_python,
             "python_classifiers": classifiers, "wheel_tags": wheel_tags(files),
-            "source": _provenance("tensorrt-llm", version, filename, facts)}
+            "uploaded": release_uploaded(files), "source": _provenance("tensorrt-llm", version, filename, facts)}
 
 
 def tensorrt_record(version: str, meta: CoreMetadata, filename: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Lock-time checks of a resolved payload: one CUDA major, no two distributions writing one file
 with different bytes (but the reviewed ones), torch built for the stack's CUDA major, each file
-from the index its name is pinned to. Each failure raises CompatibilityError naming the packages.
+from the index its name is pinned to, every pin inside the ranges the backend's own wheel declares.
+Each failure raises CompatibilityError naming the packages.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import re
 from urllib.parse import urlparse
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from imgfab.in_image import stage
 from imgfab.errors import CompatibilityError
@@ -94,9 +97,60 @@ def _host(urls: list[str]) -> str:
     return " ".join(sorted({f"{urlparse(u).scheme}://{urlparse(u).netloc}" for u in urls})) or "no index"
 
 
+# The packages whose wheel METADATA says what the rest of the payload must be.
+BACKENDS = ("vllm", "tensorrt-llm")
+
+
+def marker_environment(python: str, platform: str) -> dict[str, str]:
+    """PEP 508 marker values of the image's interpreter: CPython ``python`` on Linux, the
+    machine of the uv ``platform`` (``x86_64-manylinux_2_39`` → ``x86_64``), no extra."""
+    return {"os_name": "posix", "sys_platform": "linux", "platform_system": "Linux",
+            "platform_machine": platform.split("-", 1)[0], "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "python_version": python,
+            "python_full_version": f"{python}.0", "extra": ""}
+
+
+def check_declared_ranges(packages: list[LockedPackage], request: PayloadRequest) -> None:
+    """Every locked pin inside the range the backend's own wheel declares for it (its
+    METADATA ``Requires-Dist``, read at lock time into ``requires``; requirements behind an
+    extra or a marker false for the image's interpreter do not apply).
+
+    uv honours these ranges when it resolves; a pin outside one comes from a pin of the stack
+    (torch, the JIT toolchain, a what-if ``extra_pins``) forced past them, or from metadata that
+    differs between the index and the wheel. Refused naming the package, the pin and the range."""
+    environment = marker_environment(request.python, request.platform)
+    locked = {p.name: p for p in packages}
+    pinned = {stage.normalize(pin.split("==", 1)[0]) for pin in request.pins}
+    for backend in (locked[name] for name in BACKENDS if name in locked):
+        for line in backend.requires:
+            try:
+                requirement = Requirement(line)
+            except InvalidRequirement:
+                raise CompatibilityError(f"{backend.name} {backend.version} declares an unreadable "
+                                         f"requirement {line!r}", field="lock",
+                                         fix="report it; the lock cannot be checked against it") from None
+            name = stage.normalize(requirement.name)
+            if name not in locked or (requirement.marker is not None
+                                      and not requirement.marker.evaluate(environment)):
+                continue
+            try:
+                inside = requirement.specifier.contains(Version(locked[name].version), prereleases=True)
+            except InvalidVersion:
+                inside = False
+            if not inside:
+                whose = "a pin of the stack" if name in pinned else "what uv resolved"
+                raise CompatibilityError(
+                    f"{name} {locked[name].version} is incompatible with {backend.name} {backend.version}: "
+                    f"the lock pins {name}=={locked[name].version} ({whose}), {backend.name} "
+                    f"{backend.version} declares {name}{requirement.specifier} (its wheel's Requires-Dist)",
+                    field="lock", fix=f"pin {name} inside {requirement.specifier}, or pick the "
+                    f"{backend.name} release that declares {name}=={locked[name].version}")
+
+
 def check_packages(packages: list[LockedPackage], request: PayloadRequest, cuda: str,
                    index_url: str | None = None) -> None:
     """Every lock-time check; the first to fail raises :class:`CompatibilityError`."""
+    check_declared_ranges(packages, request)
     check_indexes(packages, request, index_url)
     check_cuda_majors(packages, request.other_majors_allowed)
     check_torch_cuda(packages, request.cuda_major, cuda)

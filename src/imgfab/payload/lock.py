@@ -32,17 +32,18 @@ from typing import Any
 import yaml
 
 from imgfab.in_image import stage
-from imgfab.errors import CompatibilityError, HostError, NetworkError, RecipeError
+from imgfab.errors import CompatibilityError, HostError, MatrixError, NetworkError, RecipeError
 from imgfab.matrix.compat import tensorrt_pin
-from imgfab.payload.checks import (check_cuda_majors, check_file_collisions, check_indexes,
+from imgfab.payload.era import era_line, exclude_newer
+from imgfab.payload.checks import (BACKENDS, check_cuda_majors, check_declared_ranges, check_file_collisions, check_indexes,
                                    check_packages, check_torch_cuda, torch_cuda_major)
 from imgfab.payload.lockfile import (_CUDA_WHEEL, _DEFAULT_INDEX, LAYER_LIMIT, PLAN_LIMIT, IndexPin,
-                                     Lock, LockedPackage, PayloadRequest, format_lock, layer_plan,
+                                     Lock, LockedPackage, PayloadRequest, era_diff, format_lock, layer_plan,
                                      lock_diff, lock_fingerprint, reviewed_collisions)
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["LAYER_LIMIT", "PLAN_LIMIT", "Lock", "LockedPackage", "PayloadRequest", "IndexPin",
-           "check_cuda_majors", "check_file_collisions", "check_indexes", "check_lock",
+           "check_cuda_majors", "check_declared_ranges", "check_file_collisions", "check_indexes", "check_lock",
            "check_header", "check_packages", "check_torch_cuda", "committed_lock", "format_lock", "layer_plan",
            "load_for_build", "lock_diff", "lock_fingerprint", "lock_path", "lock_recipe", "payload_request",
            "requirement_pins", "reviewed_collisions", "served_stack", "torch_cuda_major"]
@@ -85,6 +86,7 @@ def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> 
                     for row in data.get("indexes", [])
                     if row["backend"] == stack.backend and str(row["cuda_major"]) == cuda_major)
     torch = f", torch {stack.torch}" if stack.torch else ""
+    uploaded = _backend_uploaded(stack, compat_dir)
     return PayloadRequest(
         recipe=recipe.name,
         stack_line=(f"{stack.backend} {stack.backend_version}{torch}, CUDA {stack.cuda}, "
@@ -99,7 +101,17 @@ def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> 
         other_majors_allowed=tuple(sorted(stage.normalize(row["package"])
                                           for row in data.get("cuda_major_exceptions", [])
                                           if row["backend"] == stack.backend
-                                          and str(row["cuda_major"]) == cuda_major)))
+                                          and str(row["cuda_major"]) == cuda_major)),
+        exclude_newer=exclude_newer(uploaded) if uploaded else "",
+        era=era_line(stack.backend, stack.backend_version, uploaded) if uploaded else "")
+
+
+def _backend_uploaded(stack: Any, compat_dir: Path | None) -> str:
+    """The ``uploaded:`` the matrix records for the stack's backend release ("" when none)."""
+    from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
+
+    return next((r.uploaded for r in load_matrix(compat_dir).releases
+                 if r.backend == stack.backend and r.version == stack.backend_version), "")
 
 
 def _installer_line(data: dict[str, Any]) -> str:
@@ -150,6 +162,8 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
                 "--python-version", request.python, "--python-platform", request.platform,
                 "--only-binary", ":all:", "--index-strategy", "first-index",
                 "--default-index", indexes[-1]]
+        if request.exclude_newer:  # the backend release's era (imgfab.payload.era)
+            argv += ["--exclude-newer", request.exclude_newer]
         for url in indexes[:-1]:
             argv += ["--index", url]
         env = dict(os.environ, UV_NO_CONFIG="1")
@@ -181,7 +195,8 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
 
 def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves: tuple[str, ...] = (),
                      progress: Any = None) -> None:
-    """Fill each package's RECORD files, installed size and cuts (and torch's Requires-Dist);
+    """Fill each package's RECORD files, installed size and cuts (and the Requires-Dist of
+    torch and the backend);
     ``serves``: the compute capabilities whose cubins stay (:func:`imgfab.in_image.stage.cut_kind`).
     ``progress`` (:class:`imgfab.progress.Progress`) hears of each package as its RECORD is read."""
     import threading  # noqa: PLC0415
@@ -200,7 +215,9 @@ def inspect_packages(packages: list[LockedPackage], *, workers: int = 8, serves:
     def one(package: LockedPackage) -> None:
         if not package.urls:
             return
-        suffixes = (".dist-info/RECORD", ".dist-info/METADATA") if package.name == "torch" \
+        # torch's Requires-Dist names its CUDA major; the backend's are the ranges every pin
+        # must be inside (checks.check_declared_ranges).
+        suffixes = (".dist-info/RECORD", ".dist-info/METADATA") if package.name in ("torch", *BACKENDS) \
             else (".dist-info/RECORD",)
         members = read_members(package.urls[0], package.hashes[0].split(":", 1)[1], suffixes)
         for row in members[".dist-info/RECORD"].splitlines():
@@ -263,7 +280,8 @@ def _unreachable_refusal(request: PayloadRequest, stack: Any, index_url: str | N
     torch_pins = tuple(p for p in request.pins if p.startswith("torch=="))
     alone = PayloadRequest(request.recipe, request.stack_line,
                            tuple(p.split("+", 1)[0] for p in torch_pins),
-                           request.python, request.platform, request.cuda_major, (), request.default_index)
+                           request.python, request.platform, request.cuda_major, (), request.default_index,
+                           exclude_newer=request.exclude_newer)
     because = "".join(f"{pin} is not on {request.default_index}; " for pin in torch_pins if "+" in pin)
     if alone.pins:
         packages = resolve_packages(alone)
@@ -319,6 +337,10 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
                               fix="write it with --output FILE")
         current = dict(pin.split("==", 1) for pin in request.pins)
         request = replace(request, pins=tuple(sorted(f"{n}=={v}" for n, v in (current | extra_pins).items())))
+    if not request.exclude_newer:
+        raise MatrixError(f"compat: {stack.backend} {stack.backend_version} records no 'uploaded:' time, "
+                          "so the lock has no era to resolve under", field="compat",
+                          fix="run `imgfab compat refresh` (it reads the upload time from PyPI)")
     path = output or lock_path(recipe_path, recipe.name)
     old = _readable_lock(path)
     if old and not upgrade and _is_fresh(old, request) and not old.refused:
@@ -350,7 +372,7 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
         raise CompatibilityError(refused, field=f"lock {recipe.name}",
                                  fix="see compat/payload.yaml indexes; the refusal is recorded in "
                                  f"{path.name}")
-    return LockResult(path, new, lock_diff(old, new), True)
+    return LockResult(path, new, era_diff(old, new) + lock_diff(old, new), True)
 
 
 def _readable_lock(path: Path) -> Lock | None:
@@ -371,7 +393,7 @@ def _is_fresh(lock: Lock, request: PayloadRequest) -> bool:
 
 # The header lines that record what compat/payload.yaml and the recipe decide; --check
 # compares each with what they give now (the builder reads none of them).
-_RECORDED = ("stack", "target", "requested", "index", "installer")
+_RECORDED = ("stack", "target", "requested", "index", "installer", "exclude-newer")
 
 
 def check_header(lock: Lock, request: PayloadRequest, source: str, recipe_path: str) -> None:

@@ -19,8 +19,9 @@ from imgfab.payload.lockparse import ParsedLock, parse_lock, requirements_text
 
 
 # 2: bytecode counted; 3: cubins for other GPUs cut; 4: reviewed collisions cut;
-# 5: the fingerprint covers the whole file (lock_fingerprint), not only the inputs
-LOCK_FORMAT = 5
+# 5: the fingerprint covers the whole file (lock_fingerprint), not only the inputs;
+# 6: resolved under the backend release's date bound (uv --exclude-newer, imgfab.payload.era)
+LOCK_FORMAT = 6
 
 
 LAYER_LIMIT = 2_000_000_000  # bytes uncompressed per payload layer (the issue's 2 GB)
@@ -79,9 +80,14 @@ class PayloadRequest:
     # reviewed nvidia-*-cuNN wheels of another CUDA major that this stack's payload may hold
     # (compat/payload.yaml cuda_major_exceptions, for this backend and CUDA major)
     other_majors_allowed: tuple[str, ...] = ()
+    # uv --exclude-newer: the backend release's upload time + the grace (imgfab.payload.era),
+    # and the header's account of it ("2026-05-02T05:50:15Z (vllm 0.19.1 uploaded ...)")
+    exclude_newer: str = ""
+    era: str = ""
 
     def fingerprint(self) -> str:
         data = {"format": LOCK_FORMAT, "pins": self.pins, "python": self.python,
+                "exclude_newer": self.exclude_newer,
                 "platform": self.platform, "cuda_major": self.cuda_major,
                 "indexes": [[i.url, list(i.names)] for i in self.indexes],
                 "default_index": self.default_index, "installer": self.installer, "plan_limit": PLAN_LIMIT,
@@ -108,7 +114,7 @@ class LockedPackage:
     files: dict[str, str] = field(default_factory=dict)  # RECORD path → hash
     cuts: dict[str, int] = field(default_factory=dict)  # cut kind → bytes
     cut_archs: set[str] = field(default_factory=set)  # "sm100f": architectures of its cubins cut
-    requires: list[str] = field(default_factory=list)  # torch only: Requires-Dist lines
+    requires: list[str] = field(default_factory=list)  # torch and the backend: Requires-Dist lines
 
 
 def lock_fingerprint(request: PayloadRequest, text: str) -> str:
@@ -208,6 +214,16 @@ def lock_diff(old: Lock | None, new: Lock) -> list[str]:
     return lines
 
 
+def era_diff(old: Lock | None, new: Lock) -> list[str]:
+    """``bound: exclude-newer OLD -> NEW`` when the date bound moved (``none`` for a lock
+    written before there was one), else nothing: printed above the pins it moved."""
+    before = old.parsed.first("exclude-newer").split(" ")[0] if old else ""
+    after = new.parsed.first("exclude-newer").split(" ")[0]
+    if old is None or before == after:
+        return []
+    return [f"bound: exclude-newer {before or 'none'} -> {after or 'none'}"]
+
+
 def _size(count: int) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
 
@@ -254,6 +270,8 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
         head.append(f"# installer: {request.installer}")
     head.append(f"# resolver: uv {uv_version} pip compile --python-version {request.python} "
                 f"--python-platform {request.platform} --only-binary :all:")
+    if request.exclude_newer:
+        head.append(f"# exclude-newer: {request.era or request.exclude_newer}")
     if refused:
         head.append(f"# refused: {refused}")
         return _fingerprinted(request, "\n".join(head) + "\n")
