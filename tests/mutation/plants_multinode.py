@@ -33,3 +33,9 @@ PLANTS = [
     dict(name="multinode: compose mounts the API key on the worker", path=COMPOSE,
          old='{% if api_key and role == "leader" %}\n', new="{% if api_key %}\n", first=MULTINODE),
 ]
+
+PLANTS += [
+    dict(name="multinode: the payload leaves ray out across nodes", path="payload/lock.py",
+         old='    pins.extend(getattr(stack, "payload_multinode", ()))\n', new="",
+         first=("tests/render/test_multinode.py",)),
+]

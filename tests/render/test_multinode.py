@@ -461,3 +461,19 @@ def test_entrypoint_passes_imgfab_ray_args_to_ray_start(tmp_path):
     _, leader = _entry(tmp_path, "leader", **extra)
     assert leader[1][1:] == ["start", "--head", "--port=6379", "--num-gpus=8",
                              "--disable-usage-stats", "--num-cpus=1", "--object-store-memory=104857600"]
+
+
+def test_a_multinode_payload_adds_ray_and_a_single_node_one_does_not(matrix):
+    # vLLM's wheels do not require ray (the Requires-Dist of tests/fixtures/wheel_metadata), but
+    # the leader's `ray start --head` and the Ray executor need it in the image.
+    from imgfab.payload.lock import requirement_pins
+    from imgfab.recipe import parse_recipe
+    from imgfab.stack.resolve import resolve
+
+    metadata = (REPO / "tests/fixtures/wheel_metadata/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl.METADATA")
+    assert not [l for l in metadata.read_text().splitlines()
+                if l.startswith("Requires-Dist: ray")]
+    multinode = resolve(parse_recipe(copy.deepcopy(RECIPE_405B)), matrix).stack
+    assert "ray[cgraph]" in requirement_pins(multinode)
+    single = yaml.safe_load((REPO / "recipes/qwen2-7b-h100.yaml").read_text())
+    assert not [p for p in requirement_pins(resolve(parse_recipe(single), matrix).stack) if p.startswith("ray")]

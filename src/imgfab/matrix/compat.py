@@ -192,6 +192,8 @@ class BackendProfile(Sourced):
     reason: str
     # Compilers the backend's kernels need at run time on some GPUs (imgfab.stack.toolchain).
     jit_toolchains: tuple[Any, ...] = ()
+    # Requirements the payload adds when the recipe spans nodes (target.nodes > 1), e.g. ray.
+    multinode_requires: tuple[str, ...] = ()
 
 
 @dataclass
@@ -480,7 +482,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
             builder_packages=_tuple(row.get("builder_packages")),
             weights_required=_str(row, "weights_required", "backends.yaml"),
             reason=str(row.get("reason", "")),
-            jit_toolchains=_jit_toolchains(row), **_sourced(row))
+            jit_toolchains=_jit_toolchains(row),
+            multinode_requires=_tuple(row.get("multinode_requires")), **_sourced(row))
         for row in _records(_read(directory, "backends.yaml"), "backends", "backends.yaml")
     }
 

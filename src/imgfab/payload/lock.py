@@ -60,6 +60,9 @@ def requirement_pins(stack: Any) -> list[str]:
         pins.append(f"tensorrt=={tensorrt_pin(stack.tensorrt, stack.backend_version)}")
     # The run-time JIT toolchain's wheels, at the CUDA toolkit release torch pins (backends.yaml).
     pins.extend(stack.payload_toolchain)
+    # Across nodes: the cluster runtime the backend's wheels do not require (ray for vLLM);
+    # unversioned, so the lock's era bound picks the release.
+    pins.extend(getattr(stack, "payload_multinode", ()))
     return sorted(pins)
 
 

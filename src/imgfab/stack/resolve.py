@@ -105,6 +105,7 @@ class Stack:
     sources: tuple[str, ...]
     unconfirmed: tuple[str, ...]
     nodes: int = 1  # target.nodes: vLLM on a Ray cluster of this many nodes (tp within, pp across)
+    payload_multinode: tuple[str, ...] = ()  # what the payload adds across nodes (backends.yaml)
     fit: str = ""  # the fit check's verdict: "fits: …" with the numbers, or "not checked: …" (stack/fit.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,7 +167,9 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
                 failures_by_release.append((release, [rejections[-1]]))
                 continue
             stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from),
-                            nodes=recipe.target.nodes)
+                            nodes=recipe.target.nodes,
+                            payload_multinode=matrix.profiles[release.backend].multinode_requires
+                            if recipe.target.nodes > 1 else ())
             if advisories:
                 stack = _with_advisories(recipe, matrix, stack, host)
             return Resolution(stack=stack, rejections=rejections)
