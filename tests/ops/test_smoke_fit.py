@@ -109,6 +109,9 @@ class LabelsOnly:
     def __init__(self, labels: dict[str, str]):
         self.labels = labels
 
+    def has_image(self, image: str) -> bool:
+        return True
+
     def inspect_image(self, image: str) -> dict:
         return {"Config": {"Labels": self.labels, "User": "10001:10001"}}
 
@@ -132,6 +135,7 @@ def test_smoke_cli_refusal_is_exit_2_and_one_line(tmp_path):
     program = """import json, sys
 import imgfab.docker.engine as engine
 labels = json.load(open(sys.argv[1]))
+engine.has_image = lambda ref: True
 engine.inspect_image = lambda ref: {"Config": {"User": "10001:10001", "Labels": labels}}
 from imgfab.cli import main
 sys.argv = ["imgfab", "smoke", "img:1", "--weights", sys.argv[2]]

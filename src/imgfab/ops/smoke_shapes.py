@@ -207,8 +207,6 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
             raise EngineError(f"image {image} is not on the engine", field="IMAGE",
                               fix="pull it (drop --no-pull) or build it (imgfab build)")
         engine.pull_image(image, auth_config=_pull_auth(image), progress=progress)
-    if progress is not None:
-        progress.step(f"smoke {image}: {', '.join(shapes)}")
     config = engine.inspect_image(image).get("Config") or {}
     labels = config.get("Labels") or {}
     if "org.imgfab.model.mount" not in labels:
@@ -227,6 +225,8 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
         directory = synthetic_directory()
         weights = directory
         note = SYNTHETIC_NOTE.format(architecture=architecture)
+    if progress is not None:  # after every refusal: a bad input stays one line
+        progress.step(f"smoke {image}: {', '.join(shapes)}")
     try:
         if directory is not None:
             make_synthetic_model(image, directory, architecture, mounts=list(mounts), engine=engine)
