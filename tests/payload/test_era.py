@@ -256,3 +256,27 @@ def test_uv_against_pypi_honours_the_bound():
     unbounded = PayloadRequest(**{**bounded.__dict__, "exclude_newer": ""})
     latest = {p.name: p.version for p in lockmod.resolve_packages(unbounded)}
     assert int(latest["transformers"].split(".")[0]) >= 5
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("upload_times", [True, False], ids=["pep700-index", "html-only-index"])
+def test_an_index_without_upload_times_is_one_line_naming_the_bound(tmp_path, upload_times):
+    """The era bound against a local index: one that reports PEP 700 upload times locks; an
+    HTML-only one has every file left out by uv's --exclude-newer, and the refusal says why."""
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    from fake_payload import installer_wheel, recipe_pins, serve_index
+
+    recipe = REPO / "recipes" / "qwen2-7b-h200.yaml"
+    with serve_index(recipe_pins(recipe), tmp_path / "index", (installer_wheel(),),
+                     upload_times=upload_times) as url:
+        done = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock", str(recipe), "--index-url", url,
+                               "--output", str(tmp_path / "out.lock"), "-q"],
+                              capture_output=True, text=True, timeout=300)
+    if upload_times:
+        assert done.returncode == 0, done.stderr
+        assert "# exclude-newer: 2026-08-08T10:40:48Z" in (tmp_path / "out.lock").read_text()
+        return
+    assert done.returncode == 2 and not (tmp_path / "out.lock").exists(), done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "does not resolve under the era bound exclude-newer 2026-08-08T10:40:48Z" in line
+    assert "PEP 700 upload-time" in line

@@ -182,6 +182,14 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
                 raise HostError(f"uv failed on this machine: {message}", field="lock",
                                 fix="make UV_CACHE_DIR (default ~/.cache/uv) a writable "
                                     "directory with free space")
+            if request.exclude_newer and "filtered by `exclude-newer`" in message:
+                # An index that reports no upload time (PEP 700) has every file filtered out.
+                raise CompatibilityError(
+                    f"the payload {' '.join(request.pins)} does not resolve under the era bound "
+                    f"exclude-newer {request.exclude_newer}: {message}", field="lock",
+                    fix="lock against an index that reports upload times (PyPI, or a mirror "
+                        "serving the PEP 691 JSON API with PEP 700 upload-time); an index "
+                        "without them has every file left out by the bound")
             raise CompatibilityError(f"the payload {' '.join(request.pins)} does not resolve for "
                                      f"Python {request.python} on {request.platform}: {message}",
                                      field="lock")
