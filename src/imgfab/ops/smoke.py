@@ -283,8 +283,9 @@ def _key_enforced(session: requests.Session, report: SmokeReport, timeout_s: flo
         report.failures.append(f"api key: GET {url} without the key failed: {' '.join(str(exc).split())}")
         return False
     if status not in (401, 403):
+        served = ": the endpoint serves anyone" if 200 <= status < 300 else ""
         report.failures.append(f"api key: GET {url} without the key answered HTTP {status}, "
-                               "not 401: the endpoint serves anyone")
+                               f"not 401 or 403{served}")
         return False
     return True
 
