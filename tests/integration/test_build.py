@@ -388,6 +388,7 @@ def test_smoke_and_doctor_commands_on_the_built_image(vllm_image, tmp_path):
          "--gpus", "none", "--no-memlock", "--timeout", "120", "--json"],
         capture_output=True, text=True, timeout=300)
     report = json.loads(result.stdout)
+    assert "shapes" in report, (result.stdout[-2000:], result.stderr[-2000:])
     failures = [(s["shape"], s["failures"], s["log_tail"][-800:]) for s in report["shapes"]]
     assert result.returncode == 0 and report["passed"], (failures, result.stderr[-2000:])
     # Every run shape its artifacts use, each reported: run.sh, compose (read-only root, exec

@@ -35,6 +35,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml"
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_payload import IndexHandler, installer_wheel, project_json  # noqa: E402
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
 
 if not os.environ.get("DOCKER_HOST"):
@@ -69,6 +71,7 @@ def _wheel(directory: Path, name: str, version: str, files: dict[str, str],
     filename = f"{dist}-py3-none-any.whl"
     (project / filename).write_bytes(buffer.getvalue())
     (project / "index.html").write_text(f'<a href="{filename}">{filename}</a>\n')
+    project_json(project, name, [project / filename], [version])
 
 
 FAKE_CLI = '''import sys
@@ -89,20 +92,16 @@ def index(tmp_path_factory, matrix):
     _wheel(root, "tensorrt", "10.14.1.48.post1", {"tensorrt/__init__.py": '__version__ = "10.14.1.48.post1"\n'})
     _wheel(root, "torch", torch, {"torch/__init__.py": f'__version__ = "{torch}"\n'})
     # The builder installs the lock with the real uv wheel compat/payload.yaml pins (hash-checked).
-    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-    from fake_payload import installer_wheel
 
     uv = installer_wheel()
     (root / "uv").mkdir()
     shutil.copyfile(uv, root / "uv" / uv.name)
     (root / "uv" / "index.html").write_text(f'<a href="{uv.name}">{uv.name}</a>\n')
+    project_json(root / "uv", "uv", [root / "uv" / uv.name], [])
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
+    class Quiet(IndexHandler):  # PEP 691 JSON with upload times: the lock's era bound needs them
         def __init__(self, *a, **k):
             super().__init__(*a, directory=str(root.parent), **k)
-
-        def log_message(self, *args):
-            pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()

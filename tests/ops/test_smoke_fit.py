@@ -147,3 +147,12 @@ main()
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("imgfab: --weights: meta-llama/Llama-3.1-8B-Instruct does not fit: "
                            "needs 811.7 GB"), line
+
+
+def test_safetensors_headers_without_tensors_leave_the_parameters_unknown(tmp_path):
+    # The integration tests' stand-in weights: config.json and a header with no tensors.
+    from imgfab.in_image.fit import read_model_dir
+
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    assert read_model_dir(str(tmp_path)).parameters is None

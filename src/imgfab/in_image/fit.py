@@ -159,7 +159,8 @@ def safetensors_parameters(path: str) -> int:
 
 def read_model_dir(path: str) -> ModelFacts:
     """The facts of the model in directory ``path``: ``config.json`` and the parameters of its
-    ``*.safetensors`` files (None without any). Raises :class:`FactsError` without a readable
+    ``*.safetensors`` files (None without any, or when their headers hold no tensor: such
+    headers say nothing of the model's size). Raises :class:`FactsError` without a readable
     config.json."""
     config_path = os.path.join(path, "config.json")
     try:
@@ -178,6 +179,8 @@ def read_model_dir(path: str) -> ModelFacts:
     if not names:
         return facts
     parameters = sum(safetensors_parameters(os.path.join(path, n)) for n in names)
+    if not parameters:
+        return facts
     return ModelFacts(**(facts.as_dict() | {"parameters": parameters}))
 
 
