@@ -864,9 +864,11 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         _emit("build", images=images, bake=None, not_built=[])
 
 
-def _lock_advisories(path: str, lock, compat_path: Path | None) -> tuple[list[str], list[str]]:
+def _lock_advisories(path: str, lock, compat_path: Path | None,
+                     loaded: dict) -> tuple[list[str], list[str]]:
     """(notes, blocking) of compat/advisories.yaml for every package ``lock`` pins; blocking
-    only under the recipe's ``backend.advisories: refuse`` (critical advisories)."""
+    only under the recipe's ``backend.advisories: refuse`` (critical advisories). ``loaded``
+    keeps the matrix across the recipes of one command, read once."""
     from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import load_recipe
     from imgfab.stack.advisories import lock_findings
@@ -875,7 +877,9 @@ def _lock_advisories(path: str, lock, compat_path: Path | None) -> tuple[list[st
         return [], []
     refuse = load_recipe(path).backend.advisories == "refuse"
     pins = {name: version for name, (version, _) in lock.packages.items()}
-    return lock_findings(load_matrix(compat_path), pins, refuse=refuse)
+    if "matrix" not in loaded:
+        loaded["matrix"] = load_matrix(compat_path)
+    return lock_findings(loaded["matrix"], pins, refuse=refuse)
 
 
 def _refuse_advisories(as_json: bool, blocked: list[str], **fields) -> None:
@@ -926,6 +930,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
         refused = []
         checks = []
         blocked: list[str] = []
+        loaded: dict = {}
         for path in recipes:
             result = check_lock(path, compat_path)
             entry = {"path": path, "recipe": result.recipe, "lock": str(result.path),
@@ -936,7 +941,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             if result.problem:
                 failed.append(f"{result.recipe} ({result.path.name} {result.problem})")
                 continue
-            notes, blocking = _lock_advisories(path, result.lock, compat_path)
+            notes, blocking = _lock_advisories(path, result.lock, compat_path, loaded)
             entry["advisories"] = notes
             blocked += [f"{result.recipe}: {b}" for b in blocking]
             if result.refused and not allow_refused:
@@ -978,6 +983,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
 
     refused = []
     blocked: list[str] = []
+    loaded: dict = {}
     locks: list[dict] = []
     progress = for_command(quiet=quiet)
     for path in recipes:
@@ -995,7 +1001,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             locks.append({"path": path, "lock": None, "written": None, "packages": None,
                           "diff": [], "error": error_object(error), "advisories": []})
             continue
-        notes, blocking = _lock_advisories(path, result.lock, compat_path)
+        notes, blocking = _lock_advisories(path, result.lock, compat_path, loaded)
         blocked += [f"{Path(result.path).stem}: {b}" for b in blocking]
         locks.append({"path": path, "lock": str(result.path), "written": result.written,
                       "packages": len(result.lock.packages), "diff": list(result.diff), "error": None,
