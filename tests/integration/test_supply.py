@@ -212,10 +212,14 @@ def _other_image(signed, tmp_path, label: str) -> str:
 
 
 def _push_over(local: str, target: str) -> str:
-    """`docker push` straight to ``target``, as a second build or an attacker would."""
-    _docker("tag", local, target)
-    out = _docker("push", target).stdout
-    return re.findall(r"digest: (sha256:[0-9a-f]{64})", out)[-1]
+    """Push ``local`` over ``target``'s tag, as a second build or an attacker would (the tag
+    moved on purpose). Through imgfab's push, which retries what is transient (a reset or a 5xx
+    from the registry): a bare ``docker push`` here failed once in CI with no message kept, and
+    the tests after it then saw the moved local tag."""
+    from imgfab.docker import registry
+
+    pushed = registry.push(local, target, credentials=registry.Credentials.load(REGISTRY), retag=True)
+    return pushed.split("@", 1)[1]
 
 
 def test_select_verify_key_picks_the_signed_digest_and_rejects_each_tampering(signed, tmp_path):
