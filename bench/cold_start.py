@@ -117,6 +117,8 @@ def build_variants(payload: str, recipe: Path, work: Path) -> tuple[dict[str, st
 
     refs: dict[str, str] = {}
     export: dict[str, float] = {}
+    # A cold build cache: a cached blob would make the first export's compression free.
+    docker("builder", "prune", "-af")
     with options_for(payload, recipe) as options:
         for compression in ("zstd", "gzip"):
             copy = bench_recipe(recipe, work, f"imgfab-bench/cold-{compression}")
