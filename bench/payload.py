@@ -70,14 +70,20 @@ def push_measured(local_ref: str, repository: str, tag: str, *, retag: bool = Fa
                   retag=retag)
     seconds = time.monotonic() - started
     pushed = {line.split()[0] for line in lines if line.endswith(" Pushed")}
-    manifest = registry._get_manifest(registry._client_for(registry.ImageRef(host, repository, tag), credentials),
-                                      registry.ImageRef(host, repository, tag), tag)
+    ref = registry.ImageRef(host, repository, tag)
+    _, manifest = registry._manifest(registry._client_for(ref, credentials), ref, tag)
     diff_ids = json.loads(docker("image", "inspect", local_ref))[0]["RootFS"]["Layers"]
     layers = manifest["layers"]
     assert len(layers) == len(diff_ids), "manifest and image disagree"
-    uploaded = sum(layer["size"] for layer, diff in zip(layers, diff_ids) if diff[7:19] in pushed)
+
+    def sent(layer: dict, diff: str) -> bool:
+        # The push stream names a layer by its diff ID (classic store) or by its compressed
+        # blob's digest (containerd store), 12 hex digits either way.
+        return diff[7:19] in pushed or layer["digest"][7:19] in pushed
+
+    uploaded = sum(layer["size"] for layer, diff in zip(layers, diff_ids) if sent(layer, diff))
     return {"seconds": seconds, "uploaded": uploaded, "size": sum(layer["size"] for layer in layers),
-            "sent": {diff: layer["size"] for layer, diff in zip(layers, diff_ids) if diff[7:19] in pushed},
+            "sent": {diff: layer["size"] for layer, diff in zip(layers, diff_ids) if sent(layer, diff)},
             "layers": [(layer["digest"], layer["size"]) for layer in layers]}
 
 
