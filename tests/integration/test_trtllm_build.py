@@ -11,8 +11,8 @@ Run with the local stack: ``source .stack/env && python -m pytest -m integration
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
-import http.server
 import io
 import os
 import shutil
@@ -36,7 +36,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml"
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-from fake_payload import IndexHandler, installer_wheel, project_json  # noqa: E402
+from fake_payload import installer_wheel, project_json  # noqa: E402
+from index_server import IndexHandler, Server  # noqa: E402
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
 
 if not os.environ.get("DOCKER_HOST"):
@@ -99,11 +100,8 @@ def index(tmp_path_factory, matrix):
     (root / "uv" / "index.html").write_text(f'<a href="{uv.name}">{uv.name}</a>\n')
     project_json(root / "uv", "uv", [root / "uv" / uv.name], [])
 
-    class Quiet(IndexHandler):  # PEP 691 JSON with upload times: the lock's era bound needs them
-        def __init__(self, *a, **k):
-            super().__init__(*a, directory=str(root.parent), **k)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    # PEP 691 JSON with upload times (the lock's era bound needs them), as serve_index answers
+    server = Server(("127.0.0.1", 0), functools.partial(IndexHandler, directory=str(root.parent)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/simple"
     server.shutdown()
