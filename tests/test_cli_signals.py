@@ -123,9 +123,17 @@ def _start(tmp_path: Path, args: list[str], *, pause: str = "", tag: bool = True
     env.update(SIG_STATE=str(state), TMPDIR=str(scratch), XDG_CACHE_HOME=str(tmp_path / "cache"),
                IMGFAB_DOCKER_CLI=str(docker), PYTHONPATH=os.pathsep.join(
                    [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # SIGHUP at its default, explicitly: a test run started under nohup passes SIG_IGN on to
+    # its children, and imgfab rightly keeps an inherited SIG_IGN (test_sighup_stays_ignored_
+    # under_nohup), so without this the SIGHUP cases would wait for a signal that never lands.
     process = subprocess.Popen([sys.executable, str(driver), *args], env=env, cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_default_sighup)
     return process, state, scratch
+
+
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _build_args(tmp_path: Path) -> list[str]:

@@ -114,7 +114,9 @@ def test_yaml_alias_bomb_is_refused_quickly_with_a_short_line(tmp_path):
     started = time.monotonic()
     with pytest.raises(RecipeError) as caught:
         load_recipe(path)
-    assert time.monotonic() - started < 2
+    # Only catches a hang: expanding the 9**9 aliases takes minutes and gigabytes; a refusal
+    # takes milliseconds, even on a busy CI machine.
+    assert time.monotonic() - started < 60
     assert "aliases" in caught.value.one_line()
     assert len(caught.value.one_line()) < 300
 
@@ -146,7 +148,7 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path):
     started = time.monotonic()
     with pytest.raises(RecipeError, match="not a regular file"):
         load_recipe(fifo)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 60  # only catches a hang: opening a FIFO blocks forever
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * (1024 * 1024) + "\n")
     with pytest.raises(RecipeError, match="larger than"):

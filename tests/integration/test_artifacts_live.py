@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_payload import INDEX_BUILD_ENV, INDEX_TIMEOUT_S  # noqa: E402
 
 if not os.environ.get("DOCKER_HOST"):
     if os.environ.get("CI") == "true":
@@ -62,13 +63,12 @@ def bridge_index(tmp_path_factory):
 
     gateway = _docker("network", "inspect", "bridge", "--format",
                       "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
-    with serve_index(fleet_pins(RECIPES), tmp_path_factory.mktemp("bridge-index"), (installer_wheel(),),
-                     host=gateway) as url:
+    with serve_index(fleet_pins(RECIPES), (installer_wheel(),), host=gateway) as url:
         yield url, gateway
 
 
 def _build(recipe: Path, out: Path, index_url: str, lock: Path) -> dict:
-    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    env = dict(os.environ, **INDEX_BUILD_ENV)
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
          index_url, "--lock", str(lock), "--network", "host", "--mirror", MIRROR, "--output", str(out)],
@@ -176,7 +176,7 @@ def test_buildx_bake_builds_the_example_fleet(bridge_index, tmp_path):
     assert result.returncode == 0, result.stderr
     definition = json.loads((tmp_path / "out" / "docker-bake.json").read_text())
     assert len(definition["target"]) == len(RECIPES)
-    pip_conf = f"[global]\nindex-url = {index}\ntrusted-host = {gateway}\ntimeout = 5\nretries = 0\n"
+    pip_conf = f"[global]\nindex-url = {index}\ntrusted-host = {gateway}\ntimeout = {INDEX_TIMEOUT_S}\nretries = 0\n"
     env = dict(os.environ, IMGFAB_PIP_CONF=pip_conf)
     baked = subprocess.run([buildx, "bake", "-f", "out/docker-bake.json", "--progress", "plain"],
                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800)

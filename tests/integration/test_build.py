@@ -1,7 +1,8 @@
 """`imgfab build` end to end on the local stack, with a light payload and the real Dockerfile.
 
 Fake pure-Python wheels for exactly the stack's top-level pins, and the real uv wheel the builder
-installs with (tests/fixtures/fake_payload.py), are served from a PEP 503 index on 127.0.0.1;
+installs with (tests/fixtures/fake_payload.py), are served as a PEP 503/691 index by the local
+stack's nginx on 127.0.0.1;
 each recipe is locked against that index (`imgfab lock --index-url URL --output X.lock`), and
 builds run `imgfab build --pip-index-url URL --lock X.lock --network host --mirror $IMGFAB_MIRROR`.
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_payload import INDEX_BUILD_ENV  # noqa: E402
 _OWN = Path(tempfile.mkdtemp(prefix="imgfab-it-recipes-"))
 
 
@@ -106,7 +108,7 @@ def _locked(recipe: Path, root: Path) -> tuple[str, Path]:
 
 def imgfab_build(recipe: Path, root: Path, ca: Path, *extra: str) -> dict:
     """Run `imgfab build --json` as a subprocess against a fresh fake index; the JSON object."""
-    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    env = dict(os.environ, **INDEX_BUILD_ENV)
     url = _index_url(recipe, root)
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json",
@@ -260,7 +262,7 @@ def test_serving_change_rebuilds_no_builder_step(vllm_image, work, tmp_path):
     layers_note = next(n for n in rebuilt["notes"] if n.startswith("layers: "))
     known, total = (int(x) for x in layers_note.split()[1:4:2])
     assert total - known <= 3, layers_note
-    assert elapsed < 120
+    assert elapsed < 600  # only catches a hang: the cached steps above are the verdict
 
 
 def test_verify_rejects_root_and_git(tmp_path):
@@ -438,7 +440,7 @@ def test_failed_smoke_blocks_push(vllm_image, work, tmp_path, healthy):
     if healthy:  # without config.json the probe refuses to start: the host is wrong
         (weights / "config.json").write_text("{}")
     (weights / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    env = dict(os.environ, **INDEX_BUILD_ENV)
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url",
          _index_url(VLLM, root), "--lock", _lock_of(VLLM, root), "--network", "host",

@@ -1,6 +1,6 @@
 """The payload's layers, built for real with the light payload: reproducible and shared.
 
-The vLLM recipe is locked against a fake index on 127.0.0.1 (tests/fixtures/fake_payload.py:
+The vLLM recipe is locked against a fake index served by the local stack's nginx (tests/fixtures/fake_payload.py:
 fake wheels for its pins, the real uv wheel). Then:
 
 - two builds of that lock, both with ``--no-cache`` (every step runs again: a new venv, new
@@ -35,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_payload import INDEX_BUILD_ENV  # noqa: E402
 VLLM = REPO / "recipes" / "qwen2-7b-h100.yaml"
 SAME_STACK = REPO / "recipes" / "llama31-8b-l4.yaml"
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
@@ -59,7 +60,7 @@ def _recipe_copy(recipe: Path, directory: Path, repository: str) -> Path:
 
 
 def _build(recipe: Path, url: str, lock: Path, out: Path, *extra: str) -> dict:
-    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    env = dict(os.environ, **INDEX_BUILD_ENV)
     result = subprocess.run(
         [sys.executable, "-m", "imgfab.cli", "build", str(recipe), "--json", "--pip-index-url", url,
          "--lock", str(lock), "--network", "host", "--mirror", MIRROR, "--output", str(out), *extra],

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fake_payload import INDEX_BUILD_ENV
 from test_build import MIRROR, VLLM, _docker, _index_url, _lock_of, work  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,7 @@ def signed(work, tmp_path_factory):  # noqa: F811
     recipe = directory / VLLM.name
     recipe.write_text(VLLM.read_text().replace("repository: imgfab-test/qwen2-7b",
                                                f"repository: {repository}"))
-    env = dict(os.environ, IMGFAB_PIP_RETRIES="0", IMGFAB_PIP_TIMEOUT="5")
+    env = dict(os.environ, **INDEX_BUILD_ENV)
     result = imgfab("build", str(recipe), "--json", "--pip-index-url", _index_url(VLLM, root),
                     "--lock", _lock_of(VLLM, root), "--network", "host", "--mirror", MIRROR,
                     "--ca-cert", str(ca), "--output", str(directory / "ctx"), "--registry", REGISTRY,

@@ -1,7 +1,7 @@
 """Build the TensorRT engine recipe's builder stage on the local engine, up to where a GPU is needed.
 
 A fake ``tensorrt-llm`` (plus ``tensorrt`` and ``torch``) wheel and the real uv wheel are served from
-a PEP 503 index on 127.0.0.1; the recipe is locked against it (`imgfab lock --index-url`) and the
+a PEP 503/691 index by the local stack's nginx; the recipe is locked against it (`imgfab lock --index-url`) and the
 builder installs that lock. The builder image is then run WITHOUT a GPU: the compile step prints exactly
 the checked argv and refuses cleanly (exit 5). Weights and calibration prompts are never in a layer.
 
@@ -11,7 +11,6 @@ Run with the local stack: ``source .stack/env && python -m pytest -m integration
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import io
 import os
@@ -19,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
@@ -36,8 +34,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "llama31-8b-h100-fp8-engine.yaml"
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-from fake_payload import installer_wheel, project_json  # noqa: E402
-from index_server import IndexHandler, Server  # noqa: E402
+from fake_payload import INDEX_TIMEOUT_S, installer_wheel, project_json, published_index  # noqa: E402
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
 
 if not os.environ.get("DOCKER_HOST"):
@@ -82,29 +79,25 @@ def main():
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory, matrix):
-    root = tmp_path_factory.mktemp("index") / "simple"
-    torch = resolve(load_recipe(RECIPE), matrix).stack.torch  # the stack's own pin (2.9.1+cu130)
-    _wheel(root, "tensorrt-llm", "1.2.1",
-           {"tensorrt_llm/__init__.py": '__version__ = "1.2.1"\n',
-            "tensorrt_llm/quantization/__init__.py": "def quantize_and_export(**kw):\n    raise SystemExit('fake')\n",
-            "tensorrt_llm/commands/__init__.py": "", "tensorrt_llm/commands/fake.py": FAKE_CLI},
-           {s: "tensorrt_llm.commands.fake:main" for s in ("trtllm-build", "trtllm-refit", "trtllm-serve")})
-    _wheel(root, "tensorrt", "10.14.1.48.post1", {"tensorrt/__init__.py": '__version__ = "10.14.1.48.post1"\n'})
-    _wheel(root, "torch", torch, {"torch/__init__.py": f'__version__ = "{torch}"\n'})
-    # The builder installs the lock with the real uv wheel compat/payload.yaml pins (hash-checked).
-
-    uv = installer_wheel()
-    (root / "uv").mkdir()
-    shutil.copyfile(uv, root / "uv" / uv.name)
-    (root / "uv" / "index.html").write_text(f'<a href="{uv.name}">{uv.name}</a>\n')
-    project_json(root / "uv", "uv", [root / "uv" / uv.name], [])
-
-    # PEP 691 JSON with upload times (the lock's era bound needs them), as serve_index answers
-    server = Server(("127.0.0.1", 0), functools.partial(IndexHandler, directory=str(root.parent)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    server.shutdown()
+def index(matrix):
+    with published_index() as (folder, base):
+        root = folder / "simple"
+        torch = resolve(load_recipe(RECIPE), matrix).stack.torch  # the stack's own pin (2.9.1+cu130)
+        _wheel(root, "tensorrt-llm", "1.2.1",
+               {"tensorrt_llm/__init__.py": '__version__ = "1.2.1"\n',
+                "tensorrt_llm/quantization/__init__.py": "def quantize_and_export(**kw):\n    raise SystemExit('fake')\n",
+                "tensorrt_llm/commands/__init__.py": "", "tensorrt_llm/commands/fake.py": FAKE_CLI},
+               {s: "tensorrt_llm.commands.fake:main" for s in ("trtllm-build", "trtllm-refit", "trtllm-serve")})
+        _wheel(root, "tensorrt", "10.14.1.48.post1", {"tensorrt/__init__.py": '__version__ = "10.14.1.48.post1"\n'})
+        _wheel(root, "torch", torch, {"torch/__init__.py": f'__version__ = "{torch}"\n'})
+        # The builder installs the lock with the real uv wheel compat/payload.yaml pins (hash-checked).
+        uv = installer_wheel()
+        (root / "uv").mkdir()
+        shutil.copyfile(uv, root / "uv" / uv.name)
+        (root / "uv" / "index.html").write_text(f'<a href="{uv.name}">{uv.name}</a>\n')
+        # PEP 691 JSON with upload times (the lock's era bound needs them), as serve_index writes
+        project_json(root / "uv", "uv", [root / "uv" / uv.name], [])
+        yield f"{base}/simple"
 
 
 def _docker(*args, timeout=900, check=True):
@@ -127,7 +120,7 @@ def builder(index, tmp_path_factory, matrix):
     lock = load_for_build(str(RECIPE), recipe, stack, lock_file)  # parsed strictly, bound to compat/payload.yaml
     context = write_context(render_context(recipe, stack, matrix, lock=lock), work / "ctx")
     pip_conf = work / "pip.conf"
-    pip_conf.write_text(f"[global]\nindex-url = {index}\ntimeout = 3\nretries = 0\n")
+    pip_conf.write_text(f"[global]\nindex-url = {index}\ntimeout = {INDEX_TIMEOUT_S}\nretries = 0\n")
     mirror = os.environ.get("IMGFAB_MIRROR", "127.0.0.1:5000/mirror")
     tag = "imgfab-test/trtllm-builder:latest"
     env = dict(os.environ, DOCKER_BUILDKIT="1")

@@ -83,14 +83,15 @@ def test_pass(tmp_path):
 
 @pytest.mark.parametrize("framing", [[], ["--close-delimited"]], ids=["chunked", "close"])
 def test_ttft_is_the_first_token_not_the_whole_answer(tmp_path, framing):
-    # 4 tokens, 200 ms apart: first token after ~200 ms, decode rate ~5 tokens/s. A client
-    # that waits for a 512-byte read buffer (requests' iter_lines on a close-delimited body)
-    # sees the first token only with a later event, after ≥ 400 ms.
-    with openai_server(tmp_path, "--token-delay", "0.2", *framing) as url:
+    # 4 tokens, 2 s apart: first token after ~2 s, decode rate ~0.5 tokens/s. A client that
+    # waits for a 512-byte read buffer (requests' iter_lines on a close-delimited body) sees
+    # the first token only with a later event, after ≥ 4 s. The server's own sleeps bound
+    # the figures from one side; the other side leaves a busy CI machine 2 s of slack.
+    with openai_server(tmp_path, "--token-delay", "2.0", *framing) as url:
         report = smoke_fast(url, prompts=["one two three"], max_tokens=4)
     assert report.passed, report.failures
-    assert 190 <= report.ttft_ms < 350
-    assert 4 <= report.tokens_per_s <= 5.5
+    assert 1990 <= report.ttft_ms < 3990
+    assert 0 < report.tokens_per_s <= 0.55
 
 
 def test_empty_answer_fails(tmp_path):
@@ -110,7 +111,7 @@ def test_health_never_comes_fails_within_the_deadline(tmp_path):
     assert not report.passed
     assert report.failures == [f"health: {url}/health did not answer 200 within 1.5s "
                                f"(last: HTTP 503)"]
-    assert 1.5 <= elapsed < 3.0
+    assert 1.5 <= elapsed < 30  # waits the deadline out; the upper bound only catches a hang
     assert report.model_ids == []
 
 
@@ -118,7 +119,7 @@ def test_nothing_listening_fails_within_the_deadline():
     port = smoke.free_port()
     start = time.monotonic()
     report = smoke_fast(f"http://127.0.0.1:{port}", health_timeout_s=1.0, poll_interval_s=0.2)
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 30  # only catches a hang
     assert report.failures == [f"health: http://127.0.0.1:{port}/health did not answer 200 "
                                f"within 1s (last: ConnectionError)"]
 
@@ -126,8 +127,8 @@ def test_nothing_listening_fails_within_the_deadline():
 def test_dead_server_stops_the_wait_at_once(tmp_path):
     with openai_server(tmp_path, "--mode", "no-health") as url:
         start = time.monotonic()
-        report = smoke_fast(url, health_timeout_s=30, alive=lambda: False)
-    assert time.monotonic() - start < 1
+        report = smoke_fast(url, health_timeout_s=600, alive=lambda: False)
+    assert time.monotonic() - start < 60  # not the 600 s deadline
     assert report.failures[0].startswith("health: the server exited before")
 
 

@@ -267,8 +267,7 @@ def test_an_index_without_upload_times_is_one_line_naming_the_bound(tmp_path, up
     from fake_payload import installer_wheel, recipe_pins, serve_index
 
     recipe = REPO / "recipes" / "qwen2-7b-h200.yaml"
-    with serve_index(recipe_pins(recipe), tmp_path / "index", (installer_wheel(),),
-                     upload_times=upload_times) as url:
+    with serve_index(recipe_pins(recipe), (installer_wheel(),), upload_times=upload_times) as url:
         done = subprocess.run([sys.executable, "-m", "imgfab.cli", "lock", str(recipe), "--index-url", url,
                                "--output", str(tmp_path / "out.lock"), "-q"],
                               capture_output=True, text=True, timeout=300)

@@ -360,7 +360,7 @@ def test_entrypoint_as_pid_1_stops_promptly_on_sigterm(matrix, tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
-    assert elapsed < 5, elapsed
+    assert elapsed < 30, elapsed  # not the probe's 60 s sleep: it was told to stop
     assert marker.exists(), "the probe was not told to stop"
     assert not (tmp_path / "log").exists(), "nothing was served after SIGTERM"
 
