@@ -213,10 +213,17 @@ class Matrix:
     dropped: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
     advisories: list[Any] = field(default_factory=list)  # imgfab.matrix.advisories.Advisory
+    payload_checks: list[Any] = field(default_factory=list)  # imgfab.matrix.payloads.PayloadCheck
 
     def advisories_for(self, package: str, version: str) -> list[Any]:
         """The advisories whose affected range holds ``package`` ``version``, in file order."""
         return [a for a in self.advisories if a.affects(package, version)]
+
+    def payload_check(self, backend: str, version: str, python: str) -> Any:
+        """What ``imgfab compat refresh --payloads`` recorded of ``backend`` ``version``'s payload
+        for an image of ``python`` (a :class:`~imgfab.matrix.payloads.PayloadCheck`), or None."""
+        return next((c for c in self.payload_checks
+                     if (c.backend, c.version, c.python) == (backend, version, python)), None)
 
     def gpu(self, name: str) -> Gpu | None:
         """Find a GPU by canonical name or alias, case-insensitively."""
@@ -501,6 +508,9 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     from imgfab.matrix.advisories import load_advisories  # noqa: PLC0415 - it builds on this module
 
     matrix.advisories = load_advisories(directory)
+    from imgfab.matrix.payloads import load_payload_checks  # noqa: PLC0415 - it builds on this module
+
+    matrix.payload_checks = load_payload_checks(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
 
