@@ -40,8 +40,9 @@ _API_KEY_MOUNT = '--mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/
 
 # name -> file -> fragments that must be in it. Versions are the full CUDA patch release the
 # matrix resolves; driver floors: CUDA 12.x minor-version compatibility 525.60.13, CUDA 13.x 580,
-# a strict floor the toolkit's own (12.8 update 1: 570.124.06; 13.0 torch's 13.0.2: 580.95.05;
-# 13.1: 590.48.01). k8s asks 4 CPUs and 16Gi of host memory per GPU plus the shm volume.
+# a strict floor the toolkit's own (12.8 update 1: 570.124.06; 13.0 torch's 13.0.2: 580.95.05).
+# Not pinned: the driver.strict_floor label (issue 31 decides whether it stays: check_driver
+# ignores it). k8s asks 4 CPUs and 16Gi of host memory per GPU plus the shm volume.
 PINNED: dict[str, dict[str, list[str]]] = {
     "qwen2-7b-h100": {
         "Dockerfile": [
@@ -52,7 +53,6 @@ PINNED: dict[str, dict[str, list[str]]] = {
             'VOLUME ["/models/qwen2-7b"]\n',
             'org.imgfab.backend.version="0.19.1"', 'org.imgfab.cuda="12.8.2"',
             'org.imgfab.driver.floor="525.60.13"', 'org.imgfab.driver.policy="minor-compat"',
-            'org.imgfab.driver.strict_floor="570.124.06"',
             'org.imgfab.gpu="H100-SXM"', 'org.imgfab.gpu.cc="9.0"',
             # vLLM's kernels without the sm100 cubins the lock cuts (it serves 9.0)
             'org.imgfab.archs="7.0,7.5,8.0,8.9,9.0,12.0"', 'org.imgfab.arch.exact="false"',
@@ -141,7 +141,6 @@ PINNED: dict[str, dict[str, list[str]]] = {
             'org.imgfab.backend="tensorrt-llm"', 'org.imgfab.backend.path="pytorch"',
             'org.imgfab.backend.version="1.2.1"', 'org.imgfab.torch="2.9.1+cu130"', 'org.imgfab.cuda="13.1.2"',
             'org.imgfab.driver.floor="580"', 'org.imgfab.driver.policy="minor-compat"',
-            'org.imgfab.driver.strict_floor="590.48.01"',
             'org.imgfab.gpu="A100-80GB"', 'org.imgfab.gpu.cc="8.0"', 'org.imgfab.precision="bf16"',
             'org.imgfab.tp="2"', 'org.imgfab.shm.min_bytes="34359738368"',  # 32 GiB
             # not pinned: org.imgfab.archs="" (the matrix has no confirmed kernel list for
