@@ -164,6 +164,31 @@ def test_engine_at_start_image_carries_no_engine(trtllm_engine_image):
     assert "trtllm-build" in printed.stdout, printed.stdout + printed.stderr
 
 
+def test_the_committed_tensorrt_llm_golden_builds(work):
+    """tests/golden/mistral-7b-a100-trtllm@fake-index is the context of a lock recorded against
+    the fake index (tests/fixtures/fake_index_lock.py): `imgfab build --lock` of that committed
+    lock, from a fresh fake index (the fake wheels are byte-identical each time), builds and
+    verifies, and the payload it pinned is the golden's."""
+    from fake_index_lock import LOCK
+    from fake_payload import installer_wheel, recipe_pins, serve_index
+
+    root, ca, _ = work
+    out = root / "ctx-golden-trtllm"
+    with serve_index(recipe_pins(TRTLLM), (installer_wheel(),)) as url:
+        result = subprocess.run(
+            [sys.executable, "-m", "imgfab.cli", "build", str(TRTLLM), "--json", "--pip-index-url", url,
+             "--lock", str(LOCK), "--network", "host", "--mirror", MIRROR, "--ca-cert", str(ca),
+             "--output", str(out)], capture_output=True, text=True, timeout=900,
+            env=dict(os.environ, **INDEX_BUILD_ENV))
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = json.loads(result.stdout)["images"][0]
+    assert built["verify"]["passed"], built["verify"]
+    golden = REPO / "tests" / "golden" / "mistral-7b-a100-trtllm@fake-index"
+    assert (out / "requirements.lock").read_text() == (golden / "requirements.lock").read_text()
+    assert (out / "installer.lock").read_text() == (golden / "installer.lock").read_text()
+    _docker("image", "rm", *built["tags"], check=False)
+
+
 @pytest.mark.parametrize("which", ["vllm_image", "trtllm_image", "trtllm_engine_image"])
 def test_build_passes_verify(which, request):
     built = request.getfixturevalue(which)

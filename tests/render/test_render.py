@@ -2,11 +2,16 @@
 
 Regenerate the golden files after an intended change with:
     IMGFAB_UPDATE_GOLDEN=1 python -m pytest tests/render/test_render.py
-and review them in the diff.
+Update mode writes every golden that changed and then FAILS, naming each file it added,
+removed or changed: read the diff (`git diff tests/golden`) before committing it. Run once more
+without the variable, or with it once nothing changes, and it passes. What each golden is there
+to pin is also written by hand in tests/render/test_golden_fragments.py, so a regenerated
+golden that lost a pinned fact still fails there.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -23,7 +28,12 @@ from imgfab.stack.resolve import resolve
 
 from conftest import RECIPES, REPO
 
-GOLDEN = REPO / "tests" / "golden"
+# IMGFAB_GOLDEN_DIR: another golden tree, for the test of update mode itself
+# (tests/render/test_golden_update.py runs test_golden on a copy).
+GOLDEN = Path(os.environ.get("IMGFAB_GOLDEN_DIR") or REPO / "tests" / "golden")
+UPDATE = os.environ.get("IMGFAB_UPDATE_GOLDEN") == "1"
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from fake_index_lock import LOCK as FAKE_INDEX_LOCK, RECIPE as FAKE_INDEX_RECIPE  # noqa: E402
 
 
 def _render(path: Path, matrix) -> dict[str, str]:
@@ -41,18 +51,74 @@ def _from_source(name: str) -> bool:
     return name == "imgfab-stage.py" or name.startswith("imgfab/")
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
-def test_golden(path, matrix):
-    files = {name: text for name, text in _render(path, matrix).items() if not _from_source(name)}
-    golden = GOLDEN / path.stem
-    if os.environ.get("IMGFAB_UPDATE_GOLDEN") == "1":
+def _render_fake_index(matrix) -> dict[str, str]:
+    """The TensorRT-LLM context rendered from the lock recorded against the fake index
+    (tests/fixtures/fake_index_lock.py), as `imgfab build --lock` renders it."""
+    from imgfab.payload.lock import load_for_build
+
+    recipe = load_recipe(FAKE_INDEX_RECIPE)
+    stack = resolve(recipe, matrix).stack
+    lock = load_for_build(str(FAKE_INDEX_RECIPE), recipe, stack, FAKE_INDEX_LOCK)
+    return render_context(recipe, stack, matrix, lock=lock)
+
+
+def _golden_changes(golden: Path, files: dict[str, str]) -> list[str]:
+    """``added|removed|changed: <golden>/<file>`` for each file where ``files`` (the render)
+    and the golden directory differ, sorted; [] when they are the same."""
+    held = {str(p.relative_to(golden)): p.read_text() for p in sorted(golden.rglob("*"))
+            if p.is_file() and p.name != RENDER_MARKER} if golden.is_dir() else {}
+    changes = []
+    for name in sorted(set(held) | set(files)):
+        kind = "added" if name not in held else "removed" if name not in files \
+            else "changed" if held[name] != files[name] else ""
+        if kind:
+            changes.append(f"{kind}: {golden.name}/{name}")
+    return changes
+
+
+def _check_golden(name: str, rendered: dict[str, str]) -> None:
+    """Compare ``rendered`` with tests/golden/<name>/ exactly; in update mode write the golden
+    when it differs, then fail naming each file, so that a person reads the diff."""
+    files = {n: text for n, text in rendered.items() if not _from_source(n)}
+    golden = GOLDEN / name
+    changes = _golden_changes(golden, files)
+    if UPDATE and changes:
         shutil.rmtree(golden, ignore_errors=True)
         write_context(files, golden)
-    expected = {str(p.relative_to(golden)): p.read_text() for p in sorted(golden.rglob("*"))
-                if p.is_file() and p.name != RENDER_MARKER}
-    assert sorted(expected) == sorted(files), "file set differs from golden; see module docstring"
-    for name, text in files.items():
-        assert text == expected[name], f"{path.stem}/{name} differs from its golden file"
+        pytest.fail(f"IMGFAB_UPDATE_GOLDEN=1 wrote {len(changes)} golden file(s) into {golden}; "
+                    "read the diff (`git status` and `git diff` of tests/golden) before committing "
+                    "them:\n" + "\n".join(changes), pytrace=False)
+    assert not changes, ("the render differs from its golden files (see the module docstring "
+                         "to regenerate them, and review the diff):\n" + "\n".join(changes)
+                         + "\n" + _diff(golden, files))
+
+
+def _diff(golden: Path, files: dict[str, str], limit: int = 80) -> str:
+    """The first ``limit`` lines of a unified diff from the golden files to the render."""
+    lines: list[str] = []
+    for name, text in sorted(files.items()):
+        held = golden / name
+        before = held.read_text().splitlines(keepends=True) if held.is_file() else []
+        lines += difflib.unified_diff(before, text.splitlines(keepends=True),
+                                      f"golden/{golden.name}/{name}", f"render/{name}")
+    return "".join(lines[:limit])
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_golden(path, matrix):
+    _check_golden(path.stem, _render(path, matrix))
+
+
+def test_golden_fake_index_lock(matrix):
+    """The one TensorRT-LLM context that builds here: rendered from a lock of real hashes
+    (the fake index's wheels), so its requirements.lock and layer COPYs are pinned too."""
+    _check_golden(f"{FAKE_INDEX_RECIPE.stem}@fake-index", _render_fake_index(matrix))
+
+
+def test_every_golden_directory_is_compared():
+    """A golden left behind by a renamed or removed recipe is compared with nothing: refused."""
+    compared = {p.stem for p in RECIPES} | {f"{FAKE_INDEX_RECIPE.stem}@fake-index"}
+    assert sorted(p.name for p in (REPO / "tests" / "golden").iterdir()) == sorted(compared)
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)

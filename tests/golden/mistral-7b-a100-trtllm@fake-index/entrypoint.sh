@@ -1,0 +1,58 @@
+#!/bin/bash
+# Rendered by imgfab 0.1.0 for mistral-7b-a100-trtllm: probe the host, then serve.
+# IMGFAB_PRESET picks the workload shape (chat, long-context); default chat.
+# IMGFAB_SKIP_PROBE=1 skips the start-up probe (`imgfab-probe` still runs it on demand).
+# Arguments, if any, replace the server command.
+set -euo pipefail
+
+# Until the final exec, this bash is PID 1, which gets no default signal handlers: without
+# these traps SIGTERM (docker stop, a pod's deletion) would wait for SIGKILL while the probe
+# or an engine refit/compile runs. `step` runs each one in the background; `wait` returns as
+# soon as a trapped signal arrives, and the trap passes the signal on, waits, and exits.
+child=0
+forward() {
+    if [ "$child" -ne 0 ]; then
+        kill "-$1" "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
+    exit "$2"
+}
+trap 'forward TERM 143' TERM
+trap 'forward INT 130' INT
+step() {
+    "$@" &
+    child=$!
+    local status=0
+    wait "$child" || status=$?
+    child=0
+    return "$status"
+}
+
+# Probe verdicts: 3 (host is wrong) and 4 (image is wrong) refuse to start with the probe's
+# one-line reason; 5 (cannot check, e.g. no GPU visible) is reported and serving is attempted.
+if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
+    probe_status=0
+    step imgfab-probe || probe_status=$?
+    case "$probe_status" in
+        0) ;;
+        5) echo "imgfab: the probe could not check this host (exit 5); starting anyway" >&2 ;;
+        *) exit "$probe_status" ;;
+    esac
+fi
+
+if [ "$#" -gt 0 ]; then
+    exec -- "$@"
+fi
+
+case "${IMGFAB_PRESET:-chat}" in
+    chat)
+        exec trtllm-serve /models/mistral-7b --host 0.0.0.0 --port 8000 --backend pytorch --max_batch_size 128 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 2 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9
+        ;;
+    long-context)
+        exec trtllm-serve /models/mistral-7b --host 0.0.0.0 --port 8000 --backend pytorch --max_batch_size 16 --max_num_tokens 32768 --max_seq_len 8192 --tp_size 2 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9
+        ;;
+    *)
+        echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,41 @@
+#!/bin/bash
+# Rendered by imgfab 0.1.0: run mistral-7b-a100-trtllm with the settings it was built for.
+# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
+#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1: trtllm-serve is
+#        given no API key, so put an authenticating proxy in front before publishing it wider)
+#        ./run.sh [server arguments, replacing the image's server command]
+set -euo pipefail
+IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-ab75344e4c41}"
+WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"
+no_comma() {
+    case "$1" in
+        *,*) echo "run.sh: $1: a path with a comma cannot be bind-mounted with --mount; move or link it" >&2; exit 2 ;;
+    esac
+}
+no_comma "$WEIGHTS_DIR"
+volume_name() {
+    case "$1" in
+        [A-Za-z0-9]*) ;;
+        *) echo "run.sh: volume name '$1' must start with a letter or digit" >&2; exit 2 ;;
+    esac
+    case "$1" in
+        *[!A-Za-z0-9_.-]*) echo "run.sh: volume name '$1' may hold only [A-Za-z0-9_.-]" >&2; exit 2 ;;
+    esac
+}
+volume_name "${CACHE_VOLUME:-imgfab-mistral-7b-a100-trtllm-cache}"
+
+args=(
+    --rm --name mistral-7b-a100-trtllm
+    # shm for NCCL/torch IPC across 2 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
+    --gpus count=2
+    --shm-size 32g
+    --ulimit memlock=-1 --ulimit stack=67108864
+    --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"
+    --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
+    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/mistral-7b,readonly"
+    # What serving compiles on its first start (Triton launchers) is kept in a named
+    # volume, so the next start loads it instead of compiling again.
+    --mount "type=volume,source=${CACHE_VOLUME:-imgfab-mistral-7b-a100-trtllm-cache},target=/home/imgfab/.cache"
+)
+exec docker run "${args[@]}" "$IMAGE" "$@"
