@@ -25,7 +25,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "src" / "imgfab"
 # Rank of each station, bottom first; a module may import its own station and those below.
-STATIONS = {"errors": 0, "interrupts": 0, "progress": 0, "in_image": 0, "recipe": 1, "matrix": 2, "stack": 3, "payload": 4,
+STATIONS = {"errors": 0, "interrupts": 0, "progress": 0, "cache": 0, "in_image": 0, "recipe": 1, "matrix": 2, "stack": 3, "payload": 4,
             "render": 5, "docker": 6, "supply": 7, "ops": 8, "cli": 9, "report": 9, "output": 9, "__init__": 9}
 
 
