@@ -21,7 +21,6 @@ from imgfab.render.shapes import SHAPES
 
 
 class _Context:
-    debug = False
     json_command: str | None = None  # the command answering in JSON (imgfab.output's contract)
     emitted = False  # its one object has been printed
 
@@ -119,7 +118,7 @@ def cli(debug: bool) -> None:
 
     Every command takes --json: one object with schema_version and command, the failure
     inside it too (`imgfab schema --of output` is its JSON Schema)."""
-    _STATE.debug = debug
+    # --debug is declared here for --help; main() reads it from argv, around the whole run.
     _STATE.json_command, _STATE.emitted = None, False
 
 

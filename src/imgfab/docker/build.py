@@ -52,7 +52,6 @@ _PIP_ENV_SETTINGS = {"IMGFAB_PIP_TIMEOUT": "timeout", "IMGFAB_PIP_RETRIES": "ret
 class BuildOptions:
     """The ``imgfab build`` options (see the CLI help for each)."""
 
-    output: Path | None = None
     mirror: str | None = None
     ca_cert: Path | None = None
     pip_index_url: str | None = None

@@ -133,11 +133,6 @@ def check_driver(host_driver: str, *, floor: str, policy: str, cuda: str,
                    f"CUDA {cuda}", fix)
 
 
-def format_ceilings(ceilings: dict[str, str]) -> str:
-    """``{"7.0": "580"}`` → ``"7.0:580"``: the ``driver.ceilings`` label, sorted by capability."""
-    return ",".join(f"{cc}:{ceilings[cc]}" for cc in sorted(ceilings, key=parse_version))
-
-
 def parse_ceilings(text: str) -> dict[str, str]:
     """``"6.0:580,7.0:580"`` → ``{"6.0": "580", "7.0": "580"}`` (``""`` → ``{}``): per compute
     capability, NVIDIA's last driver branch for its architecture. Raises ValueError otherwise."""
