@@ -54,7 +54,8 @@ def test_the_strict_r560_pick_is_named_inside_the_auto_map_advisory_with_the_pol
 def test_an_advisory_the_other_policy_does_not_fix_names_a_newer_driver(frozen_matrix):
     stack = resolve(parse_recipe(_recipe(driver=">=560.35.03", driver_policy="strict")), frozen_matrix).stack
     [note] = _notes(stack, "CVE-2026-48746 (critical 9.1)")
-    assert note.endswith("affected >=0.3.0,<0.22.0, fixed in 0.22.0; target.driver ≥ 580.95.05 gives vllm 0.33.0"), note
+    assert note.endswith("affected >=0.3.0,<0.22.0, fixed in 0.22.0; "
+                         "target.driver ≥ 580.95.05 gives vllm 0.33.0"), note
 
 
 def test_a_pinned_release_names_dropping_the_pin(frozen_matrix):
@@ -153,7 +154,8 @@ def test_refuse_skips_critical_releases_for_an_older_clean_one_or_names_the_driv
 
     with pytest.raises(CompatibilityError) as caught:
         resolve(parse_recipe(_refusing(driver=">=560.35.03", driver_policy="strict")), frozen_matrix)
-    assert caught.value.fix == "target.driver ≥ 580.95.05 gives vllm 0.33.0 with torch 2.14.0, outside every critical advisory"
+    assert caught.value.fix == ("target.driver ≥ 580.95.05 gives vllm 0.33.0 with torch 2.14.0, "
+                                "outside every critical advisory")
 
 
 def test_note_is_the_default_and_a_high_advisory_never_refuses(frozen_matrix):

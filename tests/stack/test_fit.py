@@ -169,19 +169,19 @@ def test_resolve_weights_flag(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(_recipe(None)))
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
-    good = write_model_dir(tmp_path / "qwen", "Qwen2-7B")
-    done = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--compat-dir", str(FROZEN_COMPAT), "--weights",
-                           str(good)], capture_output=True, text=True, env=env)
+
+    def imgfab_resolve(weights):
+        return subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--compat-dir",
+                               str(FROZEN_COMPAT), "--weights", str(weights)], capture_output=True, text=True, env=env)
+
+    done = imgfab_resolve(write_model_dir(tmp_path / "qwen", "Qwen2-7B"))
     assert done.returncode == 0, done.stderr
     assert re.search(r"^fit +fits: 15\.2 GB of weights", done.stdout, re.M)
-    big = write_model_dir(tmp_path / "big", "Llama-3.1-405B")
-    refused = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--compat-dir", str(FROZEN_COMPAT), "--weights",
-                              str(big)], capture_output=True, text=True, env=env)
+    refused = imgfab_resolve(write_model_dir(tmp_path / "big", "Llama-3.1-405B"))
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
     assert "needs 811.7 GB of weights" in refused.stderr
     (tmp_path / "empty").mkdir()
-    bad = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--compat-dir", str(FROZEN_COMPAT), "--weights",
-                          str(tmp_path / "empty")], capture_output=True, text=True, env=env)
+    bad = imgfab_resolve(tmp_path / "empty")
     assert bad.returncode == 2 and bad.stderr.startswith("imgfab: --weights: ")
 
 
