@@ -1,7 +1,8 @@
 """Shared fixtures: the repository's recipes, the shipped compat matrix and the frozen one.
 
 Logic tests (resolver, matrix, fit) read ``frozen_matrix``: tests/fixtures/compat_frozen, hand-picked
-rows that are never refreshed, so every expected answer can be written out from those rows by hand.
+rows that are never refreshed, so every expected answer can be written out from those rows by hand;
+they build their recipes from FROZEN_RECIPES, frozen copies of the examples.
 ``matrix`` is the shipped compat/, for what must follow it (goldens of the example recipes, their
 locks, end-to-end runs of the CLI on them)."""
 
@@ -14,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 FROZEN_COMPAT = REPO / "tests" / "fixtures" / "compat_frozen"
+FROZEN_RECIPES = REPO / "tests" / "fixtures" / "recipes_frozen"
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import FROZEN_COMPAT, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.ops.smoke_fit import weights_fit
 
@@ -30,7 +30,7 @@ def _labels(recipe: str, **changes) -> dict[str, str]:
     from imgfab.render.context import render_context
     from imgfab.stack.resolve import resolve
 
-    data = copy.deepcopy(yaml.safe_load((REPO / "recipes" / f"{recipe}.yaml").read_text()))
+    data = copy.deepcopy(yaml.safe_load((FROZEN_RECIPES / f"{recipe}.yaml").read_text()))
     for section, fields in changes.items():
         if fields is None:
             data["model"].pop("facts")

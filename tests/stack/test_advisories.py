@@ -28,13 +28,13 @@ from imgfab.in_image.rules import Verdict
 from imgfab.recipe import parse_recipe
 from imgfab.stack.resolve import resolve
 
-from conftest import FROZEN_COMPAT, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 
 AUTO_MAP = "GHSA-2pc9-4j83-qjmr (CVE-2026-22807; high 8.8)"
 
 
 def _recipe(**target) -> dict:
-    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / "qwen2-7b-h100.yaml").read_text())
     data["target"].update(target)
     return data
 

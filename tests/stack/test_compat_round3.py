@@ -16,7 +16,6 @@ The stacks are resolved against the frozen matrix (tests/fixtures/compat_frozen)
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
@@ -34,7 +33,7 @@ from imgfab.render.placement import node_affinity_terms
 from imgfab.stack.resolve import resolve
 from imgfab.stack.verdicts import gpu_verdicts
 
-from conftest import FROZEN_COMPAT, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from fake_nvml import FakeCuda, FakeNvml  # noqa: E402
@@ -43,7 +42,7 @@ V100 = ("Tesla V100-SXM2-16GB", (7, 0), 16 * 2**30)
 
 
 def _recipe(name: str = "qwen2-7b-h100", **changes) -> dict:
-    data = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / f"{name}.yaml").read_text())
     # These are the driver and architecture rules on 16 GB GPUs (V100, T4), which the example's
     # 7B model at 32k tokens does not fit (tests/stack/test_fit.py): without facts, fit is not checked.
     data["model"].pop("facts", None)
@@ -242,7 +241,7 @@ def _imgfab(*args: str):
 
 @pytest.mark.parametrize("driver", ["580.65.06 ", " 580.65.06", "580.65.06\t"])
 def test_a_driver_with_surrounding_space_is_refused(driver):
-    result = _imgfab("resolve", str(REPO / "recipes" / "qwen2-7b-h100.yaml"), "--driver", driver,
+    result = _imgfab("resolve", str(FROZEN_RECIPES / "qwen2-7b-h100.yaml"), "--driver", driver,
                      "--compat-dir", str(FROZEN_COMPAT))
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -251,7 +250,7 @@ def test_a_driver_with_surrounding_space_is_refused(driver):
 
 
 def test_a_two_part_geforce_driver_still_works():
-    result = CliRunner().invoke(cli, ["resolve", str(REPO / "recipes" / "llama31-8b-l4.yaml"),
+    result = CliRunner().invoke(cli, ["resolve", str(FROZEN_RECIPES / "llama31-8b-l4.yaml"),
                                       "--driver", "999.86", "--json", "--compat-dir", str(FROZEN_COMPAT)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["stack"]["fleet_driver"] == "999.86"

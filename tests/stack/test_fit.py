@@ -19,7 +19,7 @@ from imgfab.in_image import fit
 from imgfab.recipe import parse_recipe
 from imgfab.stack.resolve import resolve
 
-from conftest import FROZEN_COMPAT, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from model_facts import MODELS, dense_parameters, write_model_dir  # noqa: E402
@@ -35,7 +35,7 @@ def _facts(name: str) -> dict:
 
 def _recipe(model: str | None, *, gpu: str = "H100-SXM", count: int = 1, pp: int = 1,
             max_len: int = 8192, **serve) -> dict:
-    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / "qwen2-7b-h100.yaml").read_text())
     data["model"].pop("facts")
     if model is not None:
         data["model"]["facts"] = _facts(model)

@@ -31,14 +31,14 @@ from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.recipe import parse_recipe
 from imgfab.stack.resolve import resolve
 
-from conftest import FROZEN_COMPAT, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES
 
 MARLIN = "fp8 on sm_{} runs weight-only (FP8 Marlin W8A16); native fp8 needs compute capability ≥ 8.9"
 
 
 def _recipe(gpu: str, quantization: str = "fp8", version: str | None = None, *, kv: str = "auto",
             backend: str = "vllm", driver: str = ">=580.65.06") -> dict:
-    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / "qwen2-7b-h100.yaml").read_text())
     data["target"].update(gpu=gpu, driver=driver, driver_policy="strict")
     data["engine"].update(quantization=quantization, dtype="float16", kv_cache_dtype=kv)
     if version:
@@ -118,7 +118,7 @@ def test_gptq_render_passes_no_quantization_flag(frozen_matrix):
 
 
 def test_gptq_under_tensorrt_llm_is_refused_with_the_reason(frozen_matrix):
-    data = yaml.safe_load((REPO / "recipes" / "mistral-7b-a100-trtllm.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / "mistral-7b-a100-trtllm.yaml").read_text())
     data["engine"]["quantization"] = "gptq"
     with pytest.raises(CompatibilityError) as info:
         resolve(parse_recipe(data), frozen_matrix)

@@ -18,11 +18,11 @@ from imgfab.recipe import parse_recipe
 from imgfab.stack.resolve import Host, fits_host, resolve
 from imgfab.in_image.rules import compare_versions
 
-from conftest import FROZEN_COMPAT, RECIPES, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES
 
 
 def _recipe(name: str = "qwen2-7b-h100", **changes) -> dict:
-    data = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / f"{name}.yaml").read_text())
     for dotted, value in changes.items():
         node = data
         *parents, leaf = dotted.split("__")
@@ -35,7 +35,7 @@ def _recipe(name: str = "qwen2-7b-h100", **changes) -> dict:
     return data
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(FROZEN_RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_example_resolves_deterministically(path, frozen_matrix):
     data = yaml.safe_load(path.read_text())
     first = resolve(parse_recipe(copy.deepcopy(data)), frozen_matrix).stack
@@ -299,7 +299,7 @@ def test_resolve_json_shows_payload_runtime_and_floor(tmp_path):
 
     from imgfab.cli import cli
 
-    result = CliRunner().invoke(cli, ["resolve", str(REPO / "recipes" / "llama31-8b-l4.yaml"), "--json",
+    result = CliRunner().invoke(cli, ["resolve", str(FROZEN_RECIPES / "llama31-8b-l4.yaml"), "--json",
                                           "--compat-dir", str(FROZEN_COMPAT)])
     assert result.exit_code == 0, result.output
     stack = json.loads(result.output)["stack"]

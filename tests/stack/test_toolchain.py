@@ -12,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import FROZEN_COMPAT, REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 
 
 def _recipe(gpu: str, driver: str = ">=580.65.06", kv: str = "auto", **extra):
@@ -204,7 +204,7 @@ def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(frozen_matri
     from imgfab.render.context import render_context
     from imgfab.stack.resolve import resolve
 
-    recipe = load_recipe(REPO / "recipes" / "qwen2-7b-h200.yaml")
+    recipe = load_recipe(FROZEN_RECIPES / "qwen2-7b-h200.yaml")
     stack = resolve(recipe, frozen_matrix).stack
     assert (stack.backend_version, stack.torch) == ("0.26.0", "2.11.0")
     files = render_context(recipe, stack, frozen_matrix)
