@@ -100,7 +100,7 @@ def test_the_tensorrt_pin_is_built_for_the_stacks_cuda_major(compat):
     from imgfab.stack.resolve import resolve
 
     (compat / "tensorrt.yaml").write_text(TENSORRT_YAML)
-    recipe = load_recipe(REPO / "recipes" / "mistral-7b-a100-trtllm.yaml")
+    recipe = load_recipe(FROZEN_RECIPES / "mistral-7b-a100-trtllm.yaml")
     stack = resolve(recipe, load_matrix(compat)).stack
     assert stack.cuda.startswith("13.")
     pins = payload_request(recipe, stack, compat).pins
