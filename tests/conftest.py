@@ -1,4 +1,10 @@
-"""Shared fixtures: the repository's recipes and the shipped compat matrix."""
+"""Shared fixtures: the repository's recipes, the shipped compat matrix and the frozen one.
+
+Logic tests (resolver, matrix, fit) read ``frozen_matrix``: tests/fixtures/compat_frozen, hand-picked
+rows that are never refreshed, so every expected answer can be written out from those rows by hand;
+they build their recipes from FROZEN_RECIPES, frozen copies of the examples.
+``matrix`` is the shipped compat/, for what must follow it (goldens of the example recipes, their
+locks, end-to-end runs of the CLI on them)."""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+FROZEN_COMPAT = REPO / "tests" / "fixtures" / "compat_frozen"
+FROZEN_RECIPES = REPO / "tests" / "fixtures" / "recipes_frozen"
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +23,13 @@ def matrix():
     from imgfab.matrix.compat import load_matrix
 
     return load_matrix()
+
+
+@pytest.fixture(scope="session")
+def frozen_matrix():
+    from imgfab.matrix.compat import load_matrix
+
+    return load_matrix(FROZEN_COMPAT)
 
 
 @pytest.fixture(scope="session")

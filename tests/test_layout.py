@@ -1,4 +1,4 @@
-"""The layout's two import rules (docs: README "How a recipe becomes an image").
+"""The layout's import rules (docs: README "How a recipe becomes an image").
 
 1. Code in ``imgfab.in_image`` runs inside images (the probe, its rules, the stage script, the
    fat-binary reader the payload measurement runs): it imports the standard library and
@@ -6,6 +6,9 @@
 2. Each station imports only stations at or below its own: errors and in_image, then recipe,
    matrix, stack, payload, render, docker, supply (SBOM, provenance, signatures, promotion),
    ops, and the command line on top.
+3. No module imports itself through others: the import graph of ``imgfab`` has no cycle (the
+   matrix's records and YAML helpers live in ``imgfab.matrix.records``, below the three loaders
+   that share them, issue 31).
 
 Every import counts: module level, inside functions, and ``importlib.import_module("imgfab.x")``.
 """
@@ -22,7 +25,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "src" / "imgfab"
 # Rank of each station, bottom first; a module may import its own station and those below.
-STATIONS = {"errors": 0, "interrupts": 0, "progress": 0, "in_image": 0, "recipe": 1, "matrix": 2, "stack": 3, "payload": 4,
+STATIONS = {"errors": 0, "interrupts": 0, "progress": 0, "cache": 0, "in_image": 0, "recipe": 1, "matrix": 2, "stack": 3, "payload": 4,
             "render": 5, "docker": 6, "supply": 7, "ops": 8, "cli": 9, "report": 9, "output": 9, "__init__": 9}
 
 
@@ -106,3 +109,82 @@ def test_the_rules_see_a_planted_violation(tmp_path):
     assert [m for _, m in _imports(probe) if m.split(".")[0] not in sys.stdlib_module_names] \
         == ["yaml", "imgfab.in_image"]
     assert _target_station("imgfab.ops.smoke") == "ops" and STATIONS["ops"] > STATIONS["docker"]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    relative = path.relative_to(root).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(("imgfab", *parts))
+
+
+def _import_graph(paths: list[Path], root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module → the modules of ``paths`` (the package at ``root``) it imports (anywhere in it, TYPE_CHECKING blocks too):
+    ``from imgfab.matrix import compat`` is an edge to ``imgfab.matrix.compat``, ``from
+    imgfab.matrix.compat import Gpu`` one to ``imgfab.matrix.compat``."""
+    modules = {_module_name(p, root): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, module in _imports(path):
+            while module and module not in modules:
+                module = module.rpartition(".")[0]
+            targets.add(module)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets |= {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+        graph[name] = targets - {name, ""}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one node (Tarjan), each
+    sorted: every import cycle lies inside one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_import_cycle():
+    """advisories ↔ compat ↔ gpus imported each other (issue 31); no module may import itself
+    back through others."""
+    cycles = _cycles(_import_graph(_modules()))
+    assert not cycles, f"modules that import each other in a circle: {cycles}"
+
+
+def test_the_cycle_check_sees_a_planted_cycle(tmp_path):
+    """The checker itself: a TYPE_CHECKING import and a `from package import module` close circles."""
+    package = tmp_path / "imgfab" / "matrix"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from imgfab.matrix import b\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from imgfab.matrix.a import Thing\n")
+    (package / "c.py").write_text("from imgfab.matrix.a import Thing\n")
+    graph = _import_graph(sorted((tmp_path / "imgfab").rglob("*.py")), tmp_path / "imgfab")
+    assert graph["imgfab.matrix.c"] == {"imgfab.matrix.a"}
+    assert _cycles(graph) == [["imgfab.matrix.a", "imgfab.matrix.b"]]

@@ -21,7 +21,6 @@ from imgfab.render.shapes import SHAPES
 
 
 class _Context:
-    debug = False
     json_command: str | None = None  # the command answering in JSON (imgfab.output's contract)
     emitted = False  # its one object has been printed
 
@@ -119,7 +118,7 @@ def cli(debug: bool) -> None:
 
     Every command takes --json: one object with schema_version and command, the failure
     inside it too (`imgfab schema --of output` is its JSON Schema)."""
-    _STATE.debug = debug
+    # --debug is declared here for --help; main() reads it from argv, around the whole run.
     _STATE.json_command, _STATE.emitted = None, False
 
 
@@ -808,9 +807,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="build one recipe per --lock")
     if bake_file:
-        from imgfab.render.bake import write_bake
-
-        written = write_bake(list(recipes), Path(bake_file), mirror=mirror, registry=registry)
+        written = _write_bake(recipes, bake_file, mirror=mirror, registry=registry, compat_dir=compat_dir,
+                              lock_file=lock_file, quiet=False)
         if as_json:
             _emit("build", images=[], bake=str(written), not_built=[])
         else:
@@ -1131,6 +1129,20 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
         click.echo(done.promoted)
 
 
+def _write_bake(recipes: tuple[str, ...], output: str, *, mirror: str | None, registry: str | None,
+                compat_dir: str | None, quiet: bool, lock_dir: str | None = None,
+                lock_file: str | None = None) -> Path:
+    """The bake file of `imgfab bake` and `imgfab build --bake`, from the same options."""
+    from imgfab.progress import for_command
+    from imgfab.render.bake import write_bake
+
+    with for_command(quiet=quiet) as progress:
+        return write_bake(list(recipes), Path(output), mirror=mirror or None, registry=registry or None,
+                          compat_dir=Path(compat_dir) if compat_dir else None,
+                          lock_dir=Path(lock_dir) if lock_dir else None,
+                          lock=Path(lock_file) if lock_file else None, progress=progress)
+
+
 @cli.command()
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="build/docker-bake.json",
@@ -1147,15 +1159,9 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
          lock_dir: str | None, quiet: bool, as_json: bool, compat_dir: str | None) -> None:
     """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
-    from imgfab.progress import for_command
-    from imgfab.render.bake import write_bake
-
     _json("bake", as_json)
-    with for_command(quiet=quiet) as progress:
-        written = write_bake(list(recipes), Path(output), mirror=mirror or None,
-                             registry=registry_host or None,
-                             compat_dir=Path(compat_dir) if compat_dir else None,
-                             lock_dir=Path(lock_dir) if lock_dir else None, progress=progress)
+    written = _write_bake(recipes, output, mirror=mirror, registry=registry_host, compat_dir=compat_dir,
+                          lock_dir=lock_dir, quiet=quiet)
     if as_json:
         _emit("bake", output=str(written), recipes=list(recipes))
     else:

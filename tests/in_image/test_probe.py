@@ -102,6 +102,39 @@ def test_floor_above_host_driver_is_host_wrong(write_labels):
         "target.driver_policy: minor-compat (CUDA 12.x floor 525.60.13)"]
 
 
+# A CUDA 12.8.1 image resolved minor-compat: its floor is the 12.x branch floor, its strict
+# floor (driver.strict_floor) the driver that runs 12.8.1 natively.
+MINOR_COMPAT_LABELS = {"driver.policy": "minor-compat", "driver.floor": "525.60.13",
+                       "driver.strict_floor": "570.124.06", "driver.compat_floor": "525.60.13"}
+LIMITS = ("minor-version compatibility: PTX newer than the driver cannot be JIT-compiled, and "
+          "features that need a newer driver fail at run time")
+
+
+@pytest.mark.parametrize("driver, line", [
+    ("580.95.05", "PASS driver: driver 580.95.05 ≥ 525.60.13 (CUDA 12.8.1, minor-compat); ≥ 570.124.06, "
+                  "the strict floor: the host driver runs CUDA 12.8.1 natively"),
+    ("550.54.15", "PASS driver: driver 550.54.15 ≥ 525.60.13 (CUDA 12.8.1, minor-compat); below "
+                  f"570.124.06, the strict floor: {LIMITS}"),
+    ("520.61.05", "FAIL driver: host driver 520.61.05 is older than 525.60.13, the minor-compat floor "
+                  "for CUDA 12.8.1; fix: upgrade the host driver to ≥ 525.60.13 (570.124.06, the "
+                  "strict floor, runs CUDA 12.8.1 natively)"),
+], ids=["native", "minor-compat", "too-old"])
+def test_a_minor_compat_image_judges_the_host_by_its_strict_floor_too(write_labels, driver, line):
+    """Issue 31: driver.strict_floor was a label the probe parsed and the rule ignored, so a host
+    that runs the image's CUDA natively was told minor-version compatibility's limits, and a host
+    too old for the image was not told which driver needs no compatibility layer at all."""
+    report = run(write_labels(MINOR_COMPAT_LABELS), nvml=FakeNvml(driver=driver))
+    assert lines_of(report, "driver") == [line]
+
+
+def test_select_judges_the_strict_floor_label_as_the_probe_does():
+    from imgfab.stack.verdicts import driver_verdict
+
+    labels = dict(VLLM_LABELS, **{f"org.imgfab.{k}": v for k, v in MINOR_COMPAT_LABELS.items()})
+    assert driver_verdict(labels, "520.61.05").fix == (
+        "upgrade the host driver to ≥ 525.60.13 (570.124.06, the strict floor, runs CUDA 12.8.1 natively)")
+
+
 def test_matmul_failure_under_an_old_driver_blames_the_host(write_labels):
     cuda = FakeCuda(count=0)
     report = run(write_labels(), nvml=FakeNvml(driver="535.104.05"), cuda=cuda)

@@ -1,7 +1,10 @@
 """The host's own GPU (issue 18, item 8): the product names NVML / nvidia-smi print, recorded as
 compat/gpus.yaml ``nvml_names``, resolve to their matrix GPU; memory tells apart GPUs a name
 alone cannot; an unknown name is one line, exit 2, naming --gpu and the fix; the loader refuses
-names that memory cannot separate."""
+names that memory cannot separate.
+
+The names and GPUs are the frozen matrix's (tests/fixtures/compat_frozen/gpus.yaml); what the
+shipped gpus.yaml holds is checked in tests/matrix/test_shipped_compat.py."""
 
 from __future__ import annotations
 
@@ -15,11 +18,11 @@ import yaml
 
 from imgfab.errors import MatrixError, RecipeError
 from imgfab.matrix.compat import load_matrix
-from imgfab.matrix.gpus import USABLE_FRACTION, memory_gib, nvml_key, usable_range
+from imgfab.matrix.gpus import memory_gib
 
-from conftest import REPO
+from conftest import FROZEN_COMPAT, REPO
 
-GPUS_YAML = yaml.safe_load((REPO / "compat" / "gpus.yaml").read_text())["gpus"]
+GPUS_YAML = yaml.safe_load((FROZEN_COMPAT / "gpus.yaml").read_text())["gpus"]
 ENTRIES = [(row["name"], entry) for row in GPUS_YAML for entry in row.get("nvml_names", [])]
 PROOF = REPO / "tests" / "fixtures" / "gpu_proof"
 
@@ -27,7 +30,7 @@ PROOF = REPO / "tests" / "fixtures" / "gpu_proof"
 @pytest.fixture
 def compat(tmp_path):
     target = tmp_path / "compat"
-    shutil.copytree(REPO / "compat", target)
+    shutil.copytree(FROZEN_COMPAT, target)
     return target
 
 
@@ -38,60 +41,46 @@ def _edit_gpus(compat, change) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def test_every_gpu_has_sourced_nvml_names():
-    for row in GPUS_YAML:
-        assert row.get("nvml_names"), f"{row['name']} has no nvml_names"
-        for entry in row["nvml_names"]:
-            assert entry["source"] and isinstance(entry["confirmed"], bool), entry
-            if not entry["confirmed"]:
-                assert entry.get("note"), f"unconfirmed {entry['name']} says nothing of why"
-
-
-def test_the_measured_h200_name_cites_its_proof():
-    entry = next(e for gpu, e in ENTRIES if gpu == "H200" and e["name"] == "NVIDIA H200")
-    assert entry["confirmed"] and "tests/fixtures/gpu_proof/h200-vllm-shapes-2026-12-01.json" in entry["source"]
-
-
 @pytest.mark.parametrize("gpu, entry", ENTRIES, ids=[e["name"] for _, e in ENTRIES])
-def test_every_nvml_name_resolves_to_its_gpu(matrix, gpu, entry):
+def test_every_nvml_name_resolves_to_its_gpu(frozen_matrix, gpu, entry):
     name = entry["name"]
-    nominal = matrix.gpu(gpu).memory_gib
+    nominal = frozen_matrix.gpu(gpu).memory_gib
     reported = int(nominal * 0.97 * 2**30)  # a little below the nominal, as a host reports it
-    assert matrix.host_gpu(name).name == gpu
-    assert matrix.host_gpu(name, reported).name == gpu
-    assert matrix.host_gpu(name, f"{int(nominal * 0.97 * 1024)} MiB").name == gpu  # nvidia-smi
+    assert frozen_matrix.host_gpu(name).name == gpu
+    assert frozen_matrix.host_gpu(name, reported).name == gpu
+    assert frozen_matrix.host_gpu(name, f"{int(nominal * 0.97 * 1024)} MiB").name == gpu  # nvidia-smi
     brand, _, product = name.partition(" ")
     if brand in ("NVIDIA", "Tesla"):  # the brand word is not the product: drivers before R470 omit NVIDIA
-        assert matrix.host_gpu(product, reported).name == gpu
-        assert matrix.host_gpu(f"{'Tesla' if brand == 'NVIDIA' else 'NVIDIA'} {product}", reported).name == gpu
+        assert frozen_matrix.host_gpu(product, reported).name == gpu
+        assert frozen_matrix.host_gpu(f"{'Tesla' if brand == 'NVIDIA' else 'NVIDIA'} {product}", reported).name == gpu
     # the same product as GFD labels it, as vLLM's config files spell it, in other case
-    assert matrix.host_gpu(name.replace(" ", "-"), reported).name == gpu
-    assert matrix.host_gpu(name.replace(" ", "_").lower(), reported).name == gpu
+    assert frozen_matrix.host_gpu(name.replace(" ", "-"), reported).name == gpu
+    assert frozen_matrix.host_gpu(name.replace(" ", "_").lower(), reported).name == gpu
 
 
-def test_the_h200_as_measured(matrix):
+def test_the_h200_as_measured(frozen_matrix):
     """The nvidia-smi line and NVML reading of tests/fixtures/gpu_proof, as they were printed."""
     host = json.loads((PROOF / "h200-vllm-shapes-2026-12-01.json").read_text())["host"]
     name, _driver, _cc, memory = [part.strip() for part in host["nvidia_smi"].split(",")]
-    assert matrix.host_gpu(name, memory).name == "H200"
+    assert frozen_matrix.host_gpu(name, memory).name == "H200"
     _, nvml_name_and_size = host["nvml"].split(": ", 1)
     *words, total, _driver = nvml_name_and_size.split()
-    assert matrix.host_gpu(" ".join(words), int(total)).name == "H200"
+    assert frozen_matrix.host_gpu(" ".join(words), int(total)).name == "H200"
     assert memory_gib(int(total)) == pytest.approx(140.4, abs=0.05)
 
 
-def test_names_from_older_drivers_and_gfd_labels(matrix):
-    assert matrix.host_gpu("A100-SXM4-40GB", "40960 MiB").name == "A100-40GB"  # driver 450: no prefix
-    assert matrix.host_gpu("NVIDIA-H100-80GB-HBM3").name == "H100-SXM"  # nvidia.com/gpu.product
-    assert matrix.host_gpu("Tesla-T4", "15360").name == "T4"  # GFD's README example and its memory
-    assert matrix.host_gpu("NVIDIA A100-PCIE-40GB").name == "A100-40GB"  # PCIE or PCIe
+def test_names_from_older_drivers_and_gfd_labels(frozen_matrix):
+    assert frozen_matrix.host_gpu("A100-SXM4-40GB", "40960 MiB").name == "A100-40GB"  # driver 450: no prefix
+    assert frozen_matrix.host_gpu("NVIDIA-H100-80GB-HBM3").name == "H100-SXM"  # nvidia.com/gpu.product
+    assert frozen_matrix.host_gpu("Tesla-T4", "15360").name == "T4"  # GFD's README example and its memory
+    assert frozen_matrix.host_gpu("NVIDIA A100-PCIE-40GB").name == "A100-40GB"  # PCIE or PCIe
 
 
-def test_a100_40_and_80_by_memory(matrix):
-    assert matrix.host_gpu("NVIDIA A100-SXM4-40GB", 40 * 2**30).name == "A100-40GB"
-    assert matrix.host_gpu("NVIDIA A100-SXM4-80GB", 81920 * 2**20).name == "A100-80GB"
+def test_a100_40_and_80_by_memory(frozen_matrix):
+    assert frozen_matrix.host_gpu("NVIDIA A100-SXM4-40GB", 40 * 2**30).name == "A100-40GB"
+    assert frozen_matrix.host_gpu("NVIDIA A100-SXM4-80GB", 81920 * 2**20).name == "A100-80GB"
     with pytest.raises(RecipeError) as caught:  # the name says 40 GB, the memory says 80
-        matrix.host_gpu("NVIDIA A100-SXM4-40GB", 81920 * 2**20)
+        frozen_matrix.host_gpu("NVIDIA A100-SXM4-40GB", 81920 * 2**20)
     assert caught.value.field == "--gpu" and "80.0 GiB" in caught.value.message
 
 
@@ -115,9 +104,9 @@ def test_a_name_two_gpus_share_is_told_apart_by_memory(compat):
         matrix.host_gpu("NVIDIA A100", 60 * 2**30)  # between the two: neither
 
 
-def test_unknown_name_is_one_line_naming_the_field_and_the_fix(matrix):
+def test_unknown_name_is_one_line_naming_the_field_and_the_fix(frozen_matrix):
     with pytest.raises(RecipeError) as caught:
-        matrix.host_gpu("NVIDIA H100 NVL", 95830 * 2**20)
+        frozen_matrix.host_gpu("NVIDIA H100 NVL", 95830 * 2**20)
     error = caught.value
     assert error.exit_code == 2 and error.field == "--gpu"
     line = error.one_line()
@@ -130,10 +119,10 @@ def test_matrix_command_takes_the_nvidia_smi_name():
         return subprocess.run([sys.executable, "-c", "from imgfab.cli import main; main()", *args],
                               capture_output=True, text=True, timeout=120)
 
-    ok = imgfab("matrix", "--gpu", "NVIDIA H100 80GB HBM3", "--driver", "580.95.05")
+    ok = imgfab("matrix", "--gpu", "NVIDIA H100 80GB HBM3", "--driver", "580.95.05", "--compat-dir", str(FROZEN_COMPAT))
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("host: H100-SXM (compute capability 9.0)")
-    unknown = imgfab("matrix", "--gpu", "NVIDIA H100 NVL", "--driver", "580.95.05")
+    unknown = imgfab("matrix", "--gpu", "NVIDIA H100 NVL", "--driver", "580.95.05", "--compat-dir", str(FROZEN_COMPAT))
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("imgfab: --gpu: unknown GPU 'NVIDIA H100 NVL'")
     assert unknown.stderr.count("\n") == 1
@@ -149,19 +138,6 @@ def test_memory_as_nvml_and_nvidia_smi_print_it(value, gib):
 def test_memory_that_is_not_a_size(value):
     with pytest.raises((ValueError, TypeError)):
         memory_gib(value)
-
-
-def test_the_shipped_names_memory_can_always_tell_apart(matrix):
-    """The data check, on the shipped data: a key (spelling-independent name) stands for one GPU,
-    or for GPUs whose usable memory ranges do not overlap."""
-    owners: dict[str, set[str]] = {}
-    for gpu in matrix.gpus:
-        for name in (gpu.name, *gpu.aliases, *(e.name for e in gpu.nvml_names)):
-            owners.setdefault(nvml_key(name), set()).add(gpu.name)
-    for key, names in owners.items():
-        ranges = sorted(usable_range(matrix.gpu(n)) for n in names)
-        assert all(b[0] > a[1] for a, b in zip(ranges, ranges[1:])), (key, names)
-    assert USABLE_FRACTION[0] < 15360 / 16384  # ECC-on GDDR6 (T4) is inside the range
 
 
 def _l40_takes_the_l40s_name(gpus):  # both 48 GiB

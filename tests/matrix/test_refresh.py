@@ -4,9 +4,12 @@ The fixtures under ``tests/fixtures/pypi/`` are real PyPI responses, trimmed to 
 reads: ``<project>.json`` keeps ``info.name``/``info.version`` and, per release, each file's
 ``filename``/``url``/``yanked``; ``metadata/<file>.METADATA`` keeps the header lines
 Metadata-Version, Name, Version, Requires-Python, the Python-version classifiers and the
-Requires-Dist lines on torch, tensorrt*, nvidia-cuda-runtime* and cuda-toolkit.
+Requires-Dist lines on torch, tensorrt*, nvidia-cuda-runtime* and cuda-toolkit. Beside them,
+``compat/`` holds the four PyPI-derived compat files (torch, vllm, tensorrt_llm, tensorrt) that
+refresh wrote from those responses when they were recorded: the tests refresh copies of these, never
+the shipped ``compat/``, so a refresh of the shipped files needs no edit here.
 
-Re-record them from live PyPI (then review the diff) with::
+Re-record both from live PyPI and the shipped compat/ (then review the diff) with::
 
     python tests/matrix/test_refresh.py --record
 """
@@ -31,8 +34,8 @@ from imgfab.matrix import refresh as R
 from imgfab.errors import NetworkError
 
 REPO = Path(__file__).resolve().parents[2]
-COMPAT = REPO / "compat"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pypi"
+RECORDED = FIXTURES / "compat"  # the compat files refresh wrote from the recorded responses
 FILES = sorted(R.FILES.values())
 
 
@@ -60,9 +63,9 @@ def run(compat_dir: Path, **kwargs) -> list[str]:
 
 @pytest.fixture
 def compat_copy(tmp_path: Path) -> Path:
-    """A scratch copy of the committed PyPI-derived compat files."""
+    """A scratch copy of the recorded PyPI-derived compat files."""
     for name in FILES:
-        shutil.copy(COMPAT / name, tmp_path / name)
+        shutil.copy(RECORDED / name, tmp_path / name)
     return tmp_path
 
 
@@ -79,24 +82,24 @@ def drop_release(directory: Path, kind: str, version: str) -> None:
 
 # --- the recorded responses reproduce the committed data ----------------------------------------
 
-def test_refresh_reproduces_the_committed_rows(compat_copy: Path) -> None:
+def test_refresh_reproduces_the_recorded_rows(compat_copy: Path) -> None:
     summary = run(compat_copy)
 
     assert summary == []
     for name in FILES:
         produced = R.read_records(compat_copy / name)
-        committed = R.read_records(COMPAT / name)
+        recorded = R.read_records(RECORDED / name)
         assert produced, name
         for version, row in produced.items():
-            assert row == committed.get(version), f"{name} {version}"
-        assert (compat_copy / name).read_bytes() == (COMPAT / name).read_bytes(), name
+            assert row == recorded.get(version), f"{name} {version}"
+        assert (compat_copy / name).read_bytes() == (RECORDED / name).read_bytes(), name
 
 
-def test_fixture_versions_cover_the_committed_files() -> None:
-    """Every committed release has its metadata recorded, so the test above checks all rows."""
+def test_fixture_versions_cover_the_recorded_files() -> None:
+    """Every recorded release has its metadata recorded, so the test above checks all rows."""
     recorded = {p.name[: -len(".METADATA")] for p in (FIXTURES / "metadata").iterdir()}
     for name in FILES:
-        for version, row in R.read_records(COMPAT / name).items():
+        for version, row in R.read_records(RECORDED / name).items():
             if (row.get("index") or R.PYPI_INDEX) != R.PYPI_INDEX:
                 continue  # a hand-kept row from another index (torch 2.9.1+cu130): nothing to record
             filename = row["source"].split()[1]
@@ -108,7 +111,7 @@ def test_output_is_byte_identical_across_runs(tmp_path: Path) -> None:
     for directory in (first, second):
         directory.mkdir()
         for name in FILES:
-            shutil.copy(COMPAT / name, directory / name)
+            shutil.copy(RECORDED / name, directory / name)
         run(directory)
         run(directory)  # a second pass over its own output changes nothing either
     for name in FILES:
@@ -146,7 +149,7 @@ def test_new_release_without_upstream_data_is_unconfirmed(compat_copy: Path) -> 
     assert trtllm["tensorrt"] == "~=10.14.1"
     # Releases already in the file keep their upstream facts.
     kept = R.read_records(compat_copy / "vllm.yaml")["0.11.0"]
-    assert kept == R.read_records(COMPAT / "vllm.yaml")["0.11.0"]
+    assert kept == R.read_records(RECORDED / "vllm.yaml")["0.11.0"]
 
 
 def test_changed_pypi_fact_is_reported(compat_copy: Path) -> None:
@@ -158,7 +161,7 @@ def test_changed_pypi_fact_is_reported(compat_copy: Path) -> None:
     summary = run(compat_copy)
 
     assert summary == ["vllm.yaml: 0.11.0: torch '==2.7.1' -> '==2.8.0'"]
-    assert path.read_bytes() == (COMPAT / "vllm.yaml").read_bytes()
+    assert path.read_bytes() == (RECORDED / "vllm.yaml").read_bytes()
 
 
 # --- failures ----------------------------------------------------------------------------------
@@ -344,7 +347,8 @@ def _trim_index(project: str, index: dict, read: set[str]) -> dict:
 
 
 def record() -> None:
-    """Run refresh against live PyPI on a copy of compat/ and store what it read, trimmed."""
+    """Run refresh against live PyPI on a copy of the shipped compat/ and store what it read,
+    trimmed, and the compat files it wrote."""
     indexes: dict[str, dict] = {}
     texts: dict[str, str] = {}
 
@@ -359,18 +363,22 @@ def record() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         for name in FILES:
-            shutil.copy(COMPAT / name, Path(scratch) / name)
+            shutil.copy(REPO / "compat" / name, Path(scratch) / name)
         for line in R.refresh(Path(scratch), fetch_json=recording_json, fetch_metadata=recording_metadata):
             print(line)
-    shutil.rmtree(FIXTURES, ignore_errors=True)
-    (FIXTURES / "metadata").mkdir(parents=True)
+        shutil.rmtree(FIXTURES, ignore_errors=True)
+        (FIXTURES / "metadata").mkdir(parents=True)
+        RECORDED.mkdir()
+        for name in FILES:
+            shutil.copy(Path(scratch) / name, RECORDED / name)
     for project, index in sorted(indexes.items()):
         trimmed = _trim_index(project, index, set(texts))
         (FIXTURES / f"{project}.json").write_text(json.dumps(trimmed, indent=1, sort_keys=True) + "\n",
                                                   encoding="utf-8")
     for filename, text in sorted(texts.items()):
         (FIXTURES / "metadata" / f"{filename}.METADATA").write_text(_trim_metadata(text), encoding="utf-8")
-    print(f"recorded {len(indexes)} indexes and {len(texts)} metadata files under {FIXTURES}")
+    print(f"recorded {len(indexes)} indexes, {len(texts)} metadata files and {len(FILES)} compat files "
+          f"under {FIXTURES}")
 
 
 if __name__ == "__main__":

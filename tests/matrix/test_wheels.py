@@ -130,10 +130,10 @@ def test_cache_answers_without_the_network(tmp_path, monkeypatch):
 
 
 def test_refresh_records_the_measured_architectures_and_keeps_hand_rows(tmp_path):
-    from test_refresh import COMPAT, fake_fetch_json, fake_fetch_metadata
+    from test_refresh import RECORDED, fake_fetch_json, fake_fetch_metadata
 
     for name in R.FILES.values():
-        (tmp_path / name).write_text((COMPAT / name).read_text())
+        (tmp_path / name).write_text((RECORDED / name).read_text())
     seen = []
 
     def read_archs(project, url, filename):
@@ -152,10 +152,10 @@ def test_refresh_records_the_measured_architectures_and_keeps_hand_rows(tmp_path
 def test_a_refresh_that_measured_the_same_again_writes_no_diff(tmp_path):
     """`imgfab compat refresh` on another day, or from an empty cache, reads the same wheels and
     finds the same code: the fatbin_source dates stay as they were (no 'read X -> read Y' lines)."""
-    from test_refresh import COMPAT, fake_fetch_json, fake_fetch_metadata
+    from test_refresh import RECORDED, fake_fetch_json, fake_fetch_metadata
 
     for name in R.FILES.values():
-        (tmp_path / name).write_text((COMPAT / name).read_text())
+        (tmp_path / name).write_text((RECORDED / name).read_text())
 
     def reader(day: str, sass: tuple[str, ...] = ("9.0",)):
         def read_archs(project, url, filename):

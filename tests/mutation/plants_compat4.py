@@ -33,7 +33,7 @@ PLANTS = [
     dict(name="compat4: no weight-only note on the stack", path="stack/resolve.py",
          old="        if weight_rule is not None and weight_rule.fallback and not weight_rule.native_on(",
          new="        if weight_rule is not None and False and not weight_rule.native_on(", first=Q),
-    dict(name="compat4: native threshold exclusive (8.9 taken as weight-only)", path="matrix/compat.py",
+    dict(name="compat4: native threshold exclusive (8.9 taken as weight-only)", path="matrix/records.py",
          old="return not native or compare_versions(compute_capability, native) >= 0",
          new="return not native or compare_versions(compute_capability, native) > 0", first=Q),
     dict(name="compat4: native_compute_capabilities not loaded", path="matrix/compat.py",

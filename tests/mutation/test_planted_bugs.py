@@ -288,8 +288,8 @@ PLANTS = [
           "from __future__ import annotations\n", "from __future__ import annotations\n\nimport yaml  # noqa: F401\n",
           ("tests/test_layout.py",)),
     Plant("layout: the matrix imports render (a station above it)", "matrix/compat.py",
-          "    directory = compat_dir or default_compat_dir()",
-          "    from imgfab.render import trtllm  # noqa: F401\n    directory = compat_dir or default_compat_dir()",
+          "    directory = Path(directory) if directory else default_compat_dir()",
+          "    from imgfab.render import trtllm  # noqa: F401\n    directory = Path(directory) if directory else default_compat_dir()",
           ("tests/test_layout.py",)),
     # --- the payload's arch cut (issue 9) -----------------------------------------------------
     Plant("stage: cubin header not checked against its name", "in_image/stage.py",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.ops.smoke_fit import weights_fit
 
@@ -23,19 +23,20 @@ from model_facts import write_model_dir  # noqa: E402
 
 def _labels(recipe: str, **changes) -> dict[str, str]:
     """The image labels of example ``recipe`` with ``changes`` (section -> fields; None drops
-    model.facts) applied, as `imgfab render` writes them."""
+    model.facts) applied, as `imgfab render` writes them on the frozen matrix (GPU memory from
+    tests/fixtures/compat_frozen/gpus.yaml: L4 24 GiB, H100-SXM 80 GiB)."""
     from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import parse_recipe
     from imgfab.render.context import render_context
     from imgfab.stack.resolve import resolve
 
-    data = copy.deepcopy(yaml.safe_load((REPO / "recipes" / f"{recipe}.yaml").read_text()))
+    data = copy.deepcopy(yaml.safe_load((FROZEN_RECIPES / f"{recipe}.yaml").read_text()))
     for section, fields in changes.items():
         if fields is None:
             data["model"].pop("facts")
         else:
             data[section] |= fields
-    matrix = load_matrix()
+    matrix = load_matrix(FROZEN_COMPAT)
     parsed = parse_recipe(data)
     files = render_context(parsed, resolve(parsed, matrix).stack, matrix)
     return json.loads(files["image.json"])

@@ -334,28 +334,26 @@ def test_entrypoint_as_pid_1_stops_promptly_on_sigterm(matrix, tmp_path):
         pytest.fail("needs root and unshare for a PID namespace", pytrace=False)
     _render("qwen2-7b-h100", "two-phase", matrix, tmp_path / "ctx")
     stubs = _stubs(tmp_path / "bin", "vllm")
-    marker = tmp_path / "probe-got-term"
+    marker, ready = tmp_path / "probe-got-term", tmp_path / "probe-ready"
+    # The probe says it is ready once its trap is set: a SIGTERM before that would kill it
+    # without the marker, on a busy machine where bash starts slowly.
     (stubs / "imgfab-probe").write_text(
-        f"#!/bin/bash\ntrap 'touch {marker}; exit 143' TERM\nsleep 60 & wait $!\n")
+        f"#!/bin/bash\ntrap 'touch {marker}; exit 143' TERM\ntouch {ready}\nsleep 60 & wait $!\n")
     (stubs / "imgfab-probe").chmod(0o755)
     env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(tmp_path / "log"))
     process = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "bash",
                                 str(tmp_path / "ctx" / "entrypoint.sh")], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        pid1 = None
-        for _ in range(100):  # the namespace's PID 1 is unshare's only child
-            children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-            if children and marker.parent.exists():
-                pid1 = int(children[0])
-                if Path(f"/proc/{pid1}/status").read_text().count("NSpid") and \
-                        any(c for c in Path(f"/proc/{pid1}/task/{pid1}/children").read_text().split()):
-                    break
+        deadline = time.monotonic() + 120  # only catches a hang
+        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert pid1, "entrypoint did not start"
+        assert ready.exists(), "the entrypoint never started the probe"
+        # the namespace's PID 1 (bash running the entrypoint) is unshare's only child
+        [pid1] = map(int, Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split())
         started = time.monotonic()
         os.kill(pid1, signal.SIGTERM)
-        process.wait(timeout=10)
+        process.wait(timeout=120)
         elapsed = time.monotonic() - started
     finally:
         if process.poll() is None:

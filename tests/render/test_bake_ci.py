@@ -348,3 +348,50 @@ def test_workflow_is_deterministic():
     first = imgfab("ci", "github", cwd=REPO).stdout
     assert first == imgfab("ci", "github", cwd=REPO).stdout
     assert yaml.safe_load(first)["jobs"]["build"]["strategy"]["matrix"]["include"]
+
+
+def test_build_bake_takes_the_compat_dir_and_the_lock_as_bake_does(tmp_path):
+    """`imgfab build --bake F --compat-dir D --lock L` used to drop D and L (issue 31): the bake
+    file rendered the shipped matrix and the committed lock. Both commands now write the file
+    through one path; here the compat copy names the L4 differently and the lock pins filelock
+    with another hash, and both show up in what build --bake rendered."""
+    recipe = REPO / "recipes/llama31-8b-l4.yaml"
+    compat = tmp_path / "compat"
+    shutil.copytree(REPO / "compat", compat)
+    gpus = (compat / "gpus.yaml").read_text()
+    start = gpus.index('\n    source: ', gpus.index('  - name: "L4"\n'))
+    end = gpus.index("\n", start + 1)
+    (compat / "gpus.yaml").write_text(gpus[:start] + '\n    source: "the L4 row of a test copy of compat/"'
+                                      + gpus[end:])
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    committed = recipe.with_suffix(".lock").read_text()
+    real = "--hash=sha256:96f5f6344709aa1572bbf631c640e4ebeeb519e08da902c39a001882f30ac258"
+    assert committed.count(real) == 1  # filelock's one wheel
+    (locks / "llama31-8b-l4.lock").write_text(committed.replace(real, "--hash=sha256:" + "0" * 64))
+
+    common = [str(recipe), "--compat-dir", str(compat)]
+    build = imgfab("build", *common, "--lock", str(locks / "llama31-8b-l4.lock"),
+                   "--bake", "b/docker-bake.json", cwd=tmp_path)
+    bake = imgfab("bake", *common, "--lock-dir", str(locks), "-o", "a/docker-bake.json", cwd=tmp_path)
+    assert build.returncode == 0 and bake.returncode == 0, build.stderr + bake.stderr
+
+    context = tmp_path / "b" / "llama31-8b-l4"
+    sources = json.loads((context / "imgfab.lock.json").read_text())["stack"]["sources"]
+    assert "the L4 row of a test copy of compat/" in sources
+    requirements = (context / "requirements.lock").read_text()
+    assert "filelock==3.29.0 \\\n    --hash=sha256:" + "0" * 64 + "\n" in requirements
+    a, b = (json.loads((tmp_path / d / "docker-bake.json").read_text()) for d in "ab")
+    assert a["target"]["llama31-8b-l4"]["tags"] == b["target"]["llama31-8b-l4"]["tags"]
+    shipped = imgfab("build", str(recipe), "--bake", "c/docker-bake.json", cwd=tmp_path)
+    assert shipped.returncode == 0, shipped.stderr
+    c = json.loads((tmp_path / "c" / "docker-bake.json").read_text())
+    assert c["target"]["llama31-8b-l4"]["tags"] != b["target"]["llama31-8b-l4"]["tags"]
+
+
+def test_build_bake_refuses_one_lock_for_several_recipes(tmp_path):
+    result = imgfab("build", *map(str, BAKE_RECIPES), "--lock", str(tmp_path / "x.lock"),
+                    "--bake", "b/docker-bake.json", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == ("imgfab: --lock: --lock names the lock of one recipe; "
+                             "fix: build one recipe per --lock\n")

@@ -8,11 +8,14 @@ Every expected answer comes from a primary source named beside it:
 - NVIDIA "CUDA Toolkit, Driver, and Architecture Matrix": Volta (7.0) last driver support R580.
 - vLLM vllm/platforms/cuda.py: bf16 needs compute capability 8.0, "You can use float16 instead by
   explicitly setting the `dtype` flag".
+
+The stacks are resolved against the frozen matrix (tests/fixtures/compat_frozen): its newest vLLM is
+0.33.0 (torch 2.14.0, CUDA 13.0, on the supported 13.0.3 tag), its newest CUDA 12 one 0.19.1
+(torch 2.10.0 on the 12.8.2 tag).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
@@ -30,7 +33,7 @@ from imgfab.render.placement import node_affinity_terms
 from imgfab.stack.resolve import resolve
 from imgfab.stack.verdicts import gpu_verdicts
 
-from conftest import REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from fake_nvml import FakeCuda, FakeNvml  # noqa: E402
@@ -39,7 +42,7 @@ V100 = ("Tesla V100-SXM2-16GB", (7, 0), 16 * 2**30)
 
 
 def _recipe(name: str = "qwen2-7b-h100", **changes) -> dict:
-    data = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / f"{name}.yaml").read_text())
     # These are the driver and architecture rules on 16 GB GPUs (V100, T4), which the example's
     # 7B model at 32k tokens does not fit (tests/stack/test_fit.py): without facts, fit is not checked.
     data["model"].pop("facts", None)
@@ -69,7 +72,7 @@ def MATRIX():  # noqa: N802 - one load per module, like the conftest fixture
     from imgfab.matrix.compat import load_matrix
 
     if "m" not in _LOADED:
-        _LOADED["m"] = load_matrix()
+        _LOADED["m"] = load_matrix(FROZEN_COMPAT)
     return _LOADED["m"]
 
 
@@ -79,7 +82,7 @@ def test_an_r570_host_runs_a_cuda13_stack_by_forward_compatibility():
     """cuda-compat-13-0 is C in the 570+ column: an H100 on R570 gets the CUDA 13 vLLM."""
     stack = _resolve(target__driver=">=570.124.06", target__driver_policy="forward-compat",
                      engine__quantization="none")
-    assert stack.cuda.startswith("13.") and stack.cuda_compat == "keep"
+    assert (stack.backend_version, stack.cuda, stack.cuda_compat) == ("0.33.0", "13.0.3", "keep")
     assert stack.driver_policy == "forward-compat"
     assert any("R570 (production) reaches end of life 2026-02" in n for n in stack.notes)
 
@@ -99,10 +102,6 @@ def test_new_feature_branches_are_no_forward_compat_target(driver):
     assert "cuda-compat-13-4 on: R535, R570, R580, R595" in verdict.reason
 
 
-def test_every_driver_branch_row_is_read_from_the_table():
-    assert all(b.confirmed for b in MATRIX().driver_branches)
-
-
 def test_forward_compat_fix_follows_the_table():
     """A B200 fleet on R560 under forward-compat: R560 is in no column of the table, and the
     nearest fix is the lowest branch that lists cuda-compat-13-0 above it, R570 (at the B200's own
@@ -115,7 +114,7 @@ def test_forward_compat_fix_follows_the_table():
     assert "every candidate the recipe admits fails gpu-driver" in str(error)
     fixed = _resolve(target__gpu="B200", target__driver=">=570.26", target__driver_policy="forward-compat",
                      engine__quantization="none")
-    assert fixed.cuda.startswith("13.") and fixed.cuda_compat == "keep"
+    assert (fixed.backend_version, fixed.cuda, fixed.cuda_compat) == ("0.33.0", "13.0.3", "keep")
 
 
 # --- driver ceilings per architecture ---------------------------------------------------------
@@ -199,7 +198,7 @@ def test_a_gpu_whose_architecture_has_no_row_is_malformed(tmp_path):
     from imgfab.errors import MatrixError
     from imgfab.matrix.compat import load_matrix
 
-    shutil.copytree(REPO / "compat", tmp_path / "compat")
+    shutil.copytree(FROZEN_COMPAT, tmp_path / "compat")
     gpus = tmp_path / "compat" / "gpus.yaml"
     gpus.write_text(gpus.read_text().replace('architecture: "volta"', 'architecture: "voltaa"', 1))
     with pytest.raises(MatrixError, match="no architectures row"):
@@ -216,7 +215,8 @@ def test_bf16_on_a_gpu_without_bf16_is_a_dtype_refusal_with_vllms_fix():
     assert error.field == "engine.dtype"
     assert "every candidate the recipe admits fails dtype" in str(error)
     assert "bf16 needs compute capability ≥ 8.0; V100 is 7.0" in str(error)
-    assert error.fix.startswith("engine.dtype: float16 (vllm "), error.fix
+    # the CUDA 13 releases need R580 even under minor-compat; 0.19.1, the newest CUDA 12 one, has sm_70 code
+    assert error.fix.startswith("engine.dtype: float16 (vllm 0.19.1, torch 2.10.0, CUDA 12.8.2 image"), error.fix
     assert error.exit_code == 2 and "\n" not in error.one_line()
 
 
@@ -225,10 +225,10 @@ def test_the_nearest_fix_is_searched_over_precision():
     searching candidates with precision failures instead of skipping them."""
     error = _fails(target__gpu="T4", target__driver=">=570.124.06", engine__quantization="none",
                    engine__dtype="bfloat16")
-    assert error.fix.startswith("engine.dtype: float16"), error.fix
+    assert error.fix.startswith("engine.dtype: float16 (vllm 0.19.1, torch 2.10.0, "), error.fix
     fixed = _resolve(target__gpu="T4", target__driver=">=570.124.06", engine__quantization="none",
                      engine__dtype="float16")
-    assert fixed.backend_version in error.fix
+    assert (fixed.backend_version, fixed.torch) == ("0.19.1", "2.10.0")
 
 
 # --- input edges: driver strings exactly ------------------------------------------------------
@@ -241,7 +241,8 @@ def _imgfab(*args: str):
 
 @pytest.mark.parametrize("driver", ["580.65.06 ", " 580.65.06", "580.65.06\t"])
 def test_a_driver_with_surrounding_space_is_refused(driver):
-    result = _imgfab("resolve", str(REPO / "recipes" / "qwen2-7b-h100.yaml"), "--driver", driver)
+    result = _imgfab("resolve", str(FROZEN_RECIPES / "qwen2-7b-h100.yaml"), "--driver", driver,
+                     "--compat-dir", str(FROZEN_COMPAT))
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("imgfab: --driver:"), lines
@@ -249,8 +250,8 @@ def test_a_driver_with_surrounding_space_is_refused(driver):
 
 
 def test_a_two_part_geforce_driver_still_works():
-    result = CliRunner().invoke(cli, ["resolve", str(REPO / "recipes" / "llama31-8b-l4.yaml"),
-                                      "--driver", "999.86", "--json"])
+    result = CliRunner().invoke(cli, ["resolve", str(FROZEN_RECIPES / "llama31-8b-l4.yaml"),
+                                      "--driver", "999.86", "--json", "--compat-dir", str(FROZEN_COMPAT)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["stack"]["fleet_driver"] == "999.86"
 

@@ -1,5 +1,8 @@
 """The fit check: published model sizes against GPU memory × tp × pp, heads that tp splits,
-max lengths within the model's positions, and fixes that really fit."""
+max lengths within the model's positions, and fixes that really fit.
+
+GPU memory comes from the frozen matrix (tests/fixtures/compat_frozen/gpus.yaml): L4 24 GiB,
+H100-SXM 80 GiB."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from imgfab.in_image import fit
 from imgfab.recipe import parse_recipe
 from imgfab.stack.resolve import resolve
 
-from conftest import REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from model_facts import MODELS, dense_parameters, write_model_dir  # noqa: E402
@@ -32,7 +35,7 @@ def _facts(name: str) -> dict:
 
 def _recipe(model: str | None, *, gpu: str = "H100-SXM", count: int = 1, pp: int = 1,
             max_len: int = 8192, **serve) -> dict:
-    data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h100.yaml").read_text())
+    data = yaml.safe_load((FROZEN_RECIPES / "qwen2-7b-h100.yaml").read_text())
     data["model"].pop("facts")
     if model is not None:
         data["model"]["facts"] = _facts(model)
@@ -70,62 +73,62 @@ def test_weights_dir_gives_the_same_facts(tmp_path, name):
     assert facts.as_dict() == _facts(name)
 
 
-def test_405b_on_four_l4_is_refused_with_the_numbers_and_a_real_fix(matrix):
+def test_405b_on_four_l4_is_refused_with_the_numbers_and_a_real_fix(frozen_matrix):
     data = _recipe("Llama-3.1-405B", gpu="L4", count=4)
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(data), matrix)
+        resolve(parse_recipe(data), frozen_matrix)
     line = caught.value.one_line()
     assert "needs 811.7 GB of weights (405.9B parameters in bf16), 4× L4 (24 GiB) hold 92.8 GB at 0.9" in line
     assert caught.value.field == "target.count"
     fixed = _apply(data, caught.value.fix)
-    stack = resolve(parse_recipe(fixed), matrix).stack
+    stack = resolve(parse_recipe(fixed), frozen_matrix).stack
     assert stack.fit.startswith("fits: ")
 
 
-def test_405b_on_one_h100_node_needs_a_second_stage(matrix):
+def test_405b_on_one_h100_node_needs_a_second_stage(frozen_matrix):
     data = _recipe("Llama-3.1-405B", count=8)
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(data), matrix)
+        resolve(parse_recipe(data), frozen_matrix)
     assert caught.value.fix.startswith("target.pipeline_parallel: 2 (16× H100-SXM")
     assert " or target.gpu: " in caught.value.fix
-    fixed = resolve(parse_recipe(_apply(data, caught.value.fix)), matrix).stack
+    fixed = resolve(parse_recipe(_apply(data, caught.value.fix)), frozen_matrix).stack
     assert (fixed.tensor_parallel, fixed.pipeline_parallel) == (8, 2) and fixed.fit.startswith("fits")
     other = caught.value.fix.split(" or ")[1]
-    assert resolve(parse_recipe(_apply(_recipe("Llama-3.1-405B", count=8), other)), matrix).stack.fit \
+    assert resolve(parse_recipe(_apply(_recipe("Llama-3.1-405B", count=8), other)), frozen_matrix).stack.fit \
         .startswith("fits")
 
 
-def test_70b_on_one_h100_asks_for_two(matrix):
+def test_70b_on_one_h100_asks_for_two(frozen_matrix):
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(_recipe("Llama-3.1-70B")), matrix)
+        resolve(parse_recipe(_recipe("Llama-3.1-70B")), frozen_matrix)
     assert "needs 141.1 GB of weights" in caught.value.message
     assert caught.value.fix.startswith("target.count: 2 ")
 
 
-@pytest.mark.parametrize("name", ["Llama-3.1-8B", "Qwen2-7B", "Mistral-7B"])
-def test_7b_and_8b_fit_one_h100_with_the_numbers(matrix, name):
-    stack = resolve(parse_recipe(_recipe(name)), matrix).stack
-    weights = MODELS[name]["parameters"] * 2 / 1e9
-    assert stack.fit.startswith(f"fits: {weights:.1f} GB of weights + ")
+@pytest.mark.parametrize("name, weights", [("Llama-3.1-8B", "16.1"), ("Qwen2-7B", "15.2"), ("Mistral-7B", "14.5")])
+def test_7b_and_8b_fit_one_h100_with_the_numbers(frozen_matrix, name, weights):
+    """bf16 weights: 8030261248, 7615616512 and 7248023552 parameters × 2 bytes."""
+    stack = resolve(parse_recipe(_recipe(name)), frozen_matrix).stack
+    assert stack.fit.startswith(f"fits: {weights} GB of weights + ")
     assert "≤ 77.3 GB (1× H100-SXM (80 GiB) at 0.9)" in stack.fit
 
 
-def test_kv_cache_that_does_not_fit_asks_for_a_shorter_length(matrix):
+def test_kv_cache_that_does_not_fit_asks_for_a_shorter_length(frozen_matrix):
     data = _recipe("Llama-3.1-8B", gpu="L4", max_len=131072)
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(data), matrix)
+        resolve(parse_recipe(data), frozen_matrix)
     assert "16.1 GB of weights + 17.2 GB of KV cache (131072 tokens)" in caught.value.message
     assert caught.value.field == "serve.max_model_len"
-    stack = resolve(parse_recipe(_apply(data, caught.value.fix)), matrix).stack
+    stack = resolve(parse_recipe(_apply(data, caught.value.fix)), frozen_matrix).stack
     assert stack.fit.startswith("fits")
 
 
 @pytest.mark.parametrize("count,fix", [(3, "target.count: 4"), (6, "target.count: 8"),
                                        (5, "target.count: 4")])
-def test_heads_that_tp_does_not_divide_are_refused(matrix, count, fix):
+def test_heads_that_tp_does_not_divide_are_refused(frozen_matrix, count, fix):
     """Llama-3.1-70B: 64 heads, 8 KV heads (vllm#414, #5003: vLLM dies at start otherwise)."""
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(_recipe("Llama-3.1-70B", count=count)), matrix)
+        resolve(parse_recipe(_recipe("Llama-3.1-70B", count=count)), frozen_matrix)
     assert caught.value.field == "target.count"
     assert "64 attention heads are not divisible by tensor parallel size" in caught.value.message
     assert caught.value.fix == fix
@@ -138,27 +141,27 @@ def test_kv_heads_that_tp_cannot_split_are_refused():
     assert fit.tensor_parallel_sizes(facts, 8) == [1, 2, 4]
 
 
-def test_max_model_len_above_the_positions_is_refused(matrix):
+def test_max_model_len_above_the_positions_is_refused(frozen_matrix):
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(_recipe("Qwen2-7B", max_len=65536)), matrix)
+        resolve(parse_recipe(_recipe("Qwen2-7B", max_len=65536)), frozen_matrix)
     assert caught.value.one_line() == (
         "serve.max_model_len: Qwen/Qwen2-7B-Instruct: max length 65536 is above the model's "
         "32768 positions (max_position_embeddings); fix: serve.max_model_len: 32768")
 
 
-def test_without_facts_the_fit_is_said_not_checked(matrix):
-    stack = resolve(parse_recipe(_recipe(None)), matrix).stack
+def test_without_facts_the_fit_is_said_not_checked(frozen_matrix):
+    stack = resolve(parse_recipe(_recipe(None)), frozen_matrix).stack
     assert stack.fit.startswith("not checked: memory fit unknown, model.facts lacks parameters, "
                                 "layers, kv_heads, head_size")
 
 
-def test_weights_dir_completes_and_must_agree_with_the_recipe(matrix, tmp_path):
+def test_weights_dir_completes_and_must_agree_with_the_recipe(frozen_matrix, tmp_path):
     directory = write_model_dir(tmp_path / "m", "Llama-3.1-70B")
     read = fit.read_model_dir(str(directory))
     with pytest.raises(CompatibilityError):  # 70B on one H100, learnt from the weights alone
-        resolve(parse_recipe(_recipe(None)), matrix, weights=read, weights_from="m/config.json")
+        resolve(parse_recipe(_recipe(None)), frozen_matrix, weights=read, weights_from="m/config.json")
     with pytest.raises(RecipeError) as caught:  # the recipe says Qwen2-7B
-        resolve(parse_recipe(_recipe("Qwen2-7B")), matrix, weights=read, weights_from="m/config.json")
+        resolve(parse_recipe(_recipe("Qwen2-7B")), frozen_matrix, weights=read, weights_from="m/config.json")
     assert caught.value.field == "model.facts.parameters" or caught.value.field.startswith("model.facts.")
 
 
@@ -166,19 +169,19 @@ def test_resolve_weights_flag(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(_recipe(None)))
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
-    good = write_model_dir(tmp_path / "qwen", "Qwen2-7B")
-    done = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--weights",
-                           str(good)], capture_output=True, text=True, env=env)
+
+    def imgfab_resolve(weights):
+        return subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--compat-dir",
+                               str(FROZEN_COMPAT), "--weights", str(weights)], capture_output=True, text=True, env=env)
+
+    done = imgfab_resolve(write_model_dir(tmp_path / "qwen", "Qwen2-7B"))
     assert done.returncode == 0, done.stderr
     assert re.search(r"^fit +fits: 15\.2 GB of weights", done.stdout, re.M)
-    big = write_model_dir(tmp_path / "big", "Llama-3.1-405B")
-    refused = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--weights",
-                              str(big)], capture_output=True, text=True, env=env)
+    refused = imgfab_resolve(write_model_dir(tmp_path / "big", "Llama-3.1-405B"))
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
     assert "needs 811.7 GB of weights" in refused.stderr
     (tmp_path / "empty").mkdir()
-    bad = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--weights",
-                          str(tmp_path / "empty")], capture_output=True, text=True, env=env)
+    bad = imgfab_resolve(tmp_path / "empty")
     assert bad.returncode == 2 and bad.stderr.startswith("imgfab: --weights: ")
 
 

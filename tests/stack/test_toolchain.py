@@ -1,4 +1,8 @@
-"""Run-time toolchains per backend, GPU and precision (compat/backends.yaml, imgfab.stack.toolchain)."""
+"""Run-time toolchains per backend, GPU and precision (compat/backends.yaml, imgfab.stack.toolchain).
+
+The stacks are resolved against the frozen matrix (tests/fixtures/compat_frozen): on 580.65.06 the
+newest vLLM that fits is 0.19.1 (torch 2.10.0; the CUDA 13 releases need 580.95.05); on 580.95.05
+it is 0.33.0 (torch 2.14.0, cuda_runtime 13.0.3); 0.20.2 .. 0.26.0 pin torch 2.11.0 (13.0.2)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 
 
 def _recipe(gpu: str, driver: str = ">=580.65.06", kv: str = "auto", **extra):
@@ -27,12 +31,12 @@ def _recipe(gpu: str, driver: str = ">=580.65.06", kv: str = "auto", **extra):
     ("B200", "auto", "devel", ("flashinfer-attention",)),  # Blackwell 10.x: FlashInfer first
     ("T4", "auto", "devel", ("flashinfer-attention",)),  # Turing: no FlashAttention
 ])
-def test_vllm_019_runtime_flavor_follows_the_attention_rules(gpu, kv, flavor, jit, matrix):
+def test_vllm_019_runtime_flavor_follows_the_attention_rules(gpu, kv, flavor, jit, frozen_matrix):
     """Driver 580.65.06 resolves vLLM 0.19.1 (sampler off by default there)."""
     from imgfab.stack.resolve import resolve
 
-    stack = resolve(_recipe(gpu, kv=kv), matrix).stack
-    assert stack.backend_version.startswith("0.19") or gpu == "T4", stack.backend_version
+    stack = resolve(_recipe(gpu, kv=kv), frozen_matrix).stack
+    assert stack.backend_version == "0.19.1"
     assert stack.runtime_flavor == flavor and stack.runtime_image.endswith(f"-{flavor}-{stack.os}")
     assert stack.jit == jit
     assert {"gcc", "libc6-dev", "python3-dev"} <= set(stack.runtime_toolchain)
@@ -44,37 +48,36 @@ def test_vllm_019_runtime_flavor_follows_the_attention_rules(gpu, kv, flavor, ji
         assert not any("jit flashinfer" in u for u in stack.unconfirmed)  # rows read at tags
 
 
-@pytest.mark.parametrize(("gpu", "version", "jit"), [
-    ("H200", "==0.26.0", ("flashinfer-sampler",)),   # the case that crashed on -base
-    ("H100-SXM", "==0.21.0", ("flashinfer-sampler",)),  # the default turned on in 0.21.0
-    ("L4", None, ("flashinfer-sampler",)),            # newest release: every GPU in 8.0-12.1
-    ("B200", "==0.24.0", ("flashinfer-sampler",)),
-    ("H100-SXM", "==0.20.2", ()),                     # 0.20.x: sampler off by default
+@pytest.mark.parametrize(("gpu", "version", "jit", "toolkit"), [
+    ("H200", "==0.26.0", ("flashinfer-sampler",), "13.0.2"),   # the case that crashed on -base
+    ("H100-SXM", "==0.21.0", ("flashinfer-sampler",), "13.0.2"),  # the default turned on in 0.21.0
+    ("L4", None, ("flashinfer-sampler",), "13.0.3"),            # newest release (0.33.0): every GPU in 8.0-12.1
+    ("B200", "==0.24.0", ("flashinfer-sampler",), "13.0.2"),
+    ("H100-SXM", "==0.20.2", (), ""),                           # 0.20.x: sampler off by default
 ])
-def test_vllm_021_and_later_carry_the_payload_toolchain(gpu, version, jit, matrix):
+def test_vllm_021_and_later_carry_the_payload_toolchain(gpu, version, jit, toolkit, frozen_matrix):
     """vLLM >= 0.21 samples with FlashInfer by default: its kernels compile at the first start,
     so the runtime stays -base but carries nvcc from the payload (CUDA_HOME view)."""
     from imgfab.stack.resolve import resolve
 
     backend = {"name": "vllm"} | ({"version": version} if version else {})
-    stack = resolve(_recipe(gpu, driver=">=580.95.05", backend=backend), matrix).stack
+    stack = resolve(_recipe(gpu, driver=">=580.95.05", backend=backend), frozen_matrix).stack
     assert stack.jit == jit, (stack.backend_version, stack.jit)
     assert stack.runtime_flavor == "base"
     if jit:
         assert stack.cuda_home == "/opt/imgfab/cuda"
         assert {"g++", "nvcc"} <= set(stack.runtime_toolchain) and "g++" in stack.runtime_packages
-        torch_toolkit = matrix.torch[stack.torch].cuda_runtime
-        assert stack.payload_toolchain == (f"cuda-toolkit[cccl,crt,nvcc,nvvm]=={torch_toolkit}",)
+        assert stack.payload_toolchain == (f"cuda-toolkit[cccl,crt,nvcc,nvvm]=={toolkit}",)
         assert any("sampl" in line for line in stack.jit_compiles)
     else:
         assert stack.cuda_home == "" and not stack.payload_toolchain
 
 
-def test_turing_leaves_flashinfer_from_vllm_024(matrix):
+def test_turing_leaves_flashinfer_from_vllm_024(frozen_matrix):
     """FlashInfer's floor moved to 8.0 in vLLM 0.24.0 (flashinfer-ai/flashinfer#3620)."""
     from imgfab.stack.toolchain import runtime_plan
 
-    profile = matrix.profiles["vllm"]
+    profile = frozen_matrix.profiles["vllm"]
     def plan(version):
         return runtime_plan(profile, backend_version=version, compute_capability="7.5",
                             kv_cache_dtype="auto", precision="bf16", cuda_major="13")
@@ -86,31 +89,31 @@ def test_turing_leaves_flashinfer_from_vllm_024(matrix):
                         kv_cache_dtype="auto", precision="bf16", cuda_major="12").jit == ()
 
 
-def test_payload_toolchain_on_cuda_12_is_refused(matrix):
+def test_payload_toolchain_on_cuda_12_is_refused(frozen_matrix):
     from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
 
     with pytest.raises(PayloadToolchainUnavailable, match="CUDA 12"):
-        runtime_plan(matrix.profiles["vllm"], backend_version="0.26.0", compute_capability="9.0",
+        runtime_plan(frozen_matrix.profiles["vllm"], backend_version="0.26.0", compute_capability="9.0",
                      kv_cache_dtype="auto", precision="bf16", cuda_major="12")
 
 
-def test_verify_allows_exactly_the_stacks_toolchain(matrix):
+def test_verify_allows_exactly_the_stacks_toolchain(frozen_matrix):
     from imgfab.stack.resolve import resolve
     from imgfab.docker.verify import policy_for
 
     recipe = _recipe("L40S", kv="fp8")
-    stack = resolve(recipe, matrix).stack
-    assert "nvcc" in policy_for(recipe, stack, matrix).declared_toolchain
+    stack = resolve(recipe, frozen_matrix).stack
+    assert "nvcc" in policy_for(recipe, stack, frozen_matrix).declared_toolchain
     plain = _recipe("L4")
-    assert "nvcc" not in policy_for(plain, resolve(plain, matrix).stack, matrix).declared_toolchain
+    assert "nvcc" not in policy_for(plain, resolve(plain, frozen_matrix).stack, frozen_matrix).declared_toolchain
 
 
-def test_rendered_runtime_declares_cuda_home_only_with_nvcc(matrix):
+def test_rendered_runtime_declares_cuda_home_only_with_nvcc(frozen_matrix):
     from imgfab.render.context import render_context
     from imgfab.stack.resolve import resolve
 
     for recipe, expected in ((_recipe("L40S", kv="fp8"), True), (_recipe("L4"), False)):
-        dockerfile = render_context(recipe, resolve(recipe, matrix).stack, matrix)["Dockerfile"]
+        dockerfile = render_context(recipe, resolve(recipe, frozen_matrix).stack, frozen_matrix)["Dockerfile"]
         assert ("CUDA_HOME=/usr/local/cuda" in dockerfile) == expected
         assert "VLLM_NO_USAGE_STATS=1" in dockerfile and "DO_NOT_TRACK=1" in dockerfile
         assert "/usr/local/cuda/bin" in dockerfile.split("ENV PATH=", 1)[1].split()[0]
@@ -123,7 +126,7 @@ def test_missing_flavor_is_refused_at_resolve_with_the_fix(tmp_path):
     from imgfab.stack.resolve import resolve
 
     compat = tmp_path / "compat"
-    shutil.copytree(REPO / "compat", compat)
+    shutil.copytree(FROZEN_COMPAT, compat)
     backends = yaml.safe_load((compat / "backends.yaml").read_text())
     vllm = next(b for b in backends["backends"] if b["backend"] == "vllm")
     for rule in vllm["jit_toolchains"]:
@@ -148,7 +151,7 @@ def test_malformed_jit_rule_is_a_matrix_error(tmp_path):
     from imgfab.errors import MatrixError
 
     compat = tmp_path / "compat"
-    shutil.copytree(REPO / "compat", compat)
+    shutil.copytree(FROZEN_COMPAT, compat)
     backends = yaml.safe_load((compat / "backends.yaml").read_text())
     backends["backends"][1]["jit_toolchains"][0]["runtime_flavor"] = "huge"
     (compat / "backends.yaml").write_text(yaml.safe_dump(backends))
@@ -192,18 +195,19 @@ def test_driver_floor_terms_encode_greater_or_equal():
     assert not matches("470.57.02")
 
 
-def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(matrix):
-    """The H200 recipe (vLLM 0.26.0): CUDA_HOME is the view of the payload's nvidia/cu13
-    tree, made in the OS layer (links, libcudart.so, a libcuda.so link stub), and the lock is
-    asked for the toolchain's cuda-toolkit wheels at torch's release."""
+def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(frozen_matrix):
+    """The H200 recipe (vLLM 0.26.0, torch 2.11.0: cuda_runtime 13.0.2): CUDA_HOME is the view of
+    the payload's nvidia/cu13 tree, made in the OS layer (links, libcudart.so, a libcuda.so link
+    stub), and the lock is asked for the toolchain's cuda-toolkit wheels at torch's release."""
     from imgfab.payload.lock import payload_request
     from imgfab.recipe import load_recipe
     from imgfab.render.context import render_context
     from imgfab.stack.resolve import resolve
 
-    recipe = load_recipe(REPO / "recipes" / "qwen2-7b-h200.yaml")
-    stack = resolve(recipe, matrix).stack
-    files = render_context(recipe, stack, matrix)
+    recipe = load_recipe(FROZEN_RECIPES / "qwen2-7b-h200.yaml")
+    stack = resolve(recipe, frozen_matrix).stack
+    assert (stack.backend_version, stack.torch) == ("0.26.0", "2.11.0")
+    files = render_context(recipe, stack, frozen_matrix)
     dockerfile = files["Dockerfile"]
     assert "CUDA_HOME=/opt/imgfab/cuda \\" in dockerfile
     # made after the payload, from where it is, and checked there: nvcc must run
@@ -217,8 +221,13 @@ def test_payload_toolchain_renders_its_cuda_home_view_and_lock_pins(matrix):
     labels = json.loads(files["image.json"])
     assert labels["org.imgfab.jit"] == "flashinfer-sampler"
     assert "sampling kernels" in labels["org.imgfab.jit.compiles"]
-    pins = payload_request(recipe, stack).pins
+    pins = payload_request(recipe, stack, FROZEN_COMPAT).pins
     assert "cuda-toolkit[cccl,crt,nvcc,nvvm]==13.0.2" in pins
+
+
+def test_the_h200_lock_holds_the_payload_toolchain_wheels():
+    """The example's committed lock (recorded against the shipped compat/) pins the wheels of
+    the toolchain's cuda-toolkit extras."""
     lock = (REPO / "recipes" / "qwen2-7b-h200.lock").read_text()
     for wheel in ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88"):
         assert f"\n{wheel} " in lock, wheel

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from imgfab.cache import cache_root
 from imgfab.docker import engine
 from imgfab.docker.unverified import UnverifiedTags
 from imgfab.errors import HostError, ImgfabError, RecipeError, ValidationFailed, redact, shown
@@ -51,7 +52,6 @@ _PIP_ENV_SETTINGS = {"IMGFAB_PIP_TIMEOUT": "timeout", "IMGFAB_PIP_RETRIES": "ret
 class BuildOptions:
     """The ``imgfab build`` options (see the CLI help for each)."""
 
-    output: Path | None = None
     mirror: str | None = None
     ca_cert: Path | None = None
     pip_index_url: str | None = None
@@ -202,15 +202,15 @@ PIP_SOURCE_KEY_BYTES = 32
 
 
 def pip_source_key(cache: Path | None = None) -> bytes:
-    """The random key of this build cache (``$XDG_CACHE_HOME/imgfab/pip-source.key``, made on
-    first use, mode 0600) that keys the pip-source fingerprint: a build arg that changes when
-    the index changes, and from which no password can be guessed without the key.
+    """The random key of this build cache (``pip-source.key`` under ``cache``, by default
+    :func:`imgfab.cache.cache_root`; made on first use, mode 0600) that keys the pip-source
+    fingerprint: a build arg that changes when the index changes, and from which no password
+    can be guessed without the key.
 
     The key is written whole to a temporary file, synced, then linked into place (a concurrent
     build's key wins, never a half-written one). A key file shorter than
     :data:`PIP_SOURCE_KEY_BYTES` raises :class:`HostError` naming it."""
-    root = cache or Path(os.environ.get("XDG_CACHE_HOME")
-                         or Path(os.path.expanduser("~")) / ".cache") / "imgfab"
+    root = cache or cache_root()
     path = root / "pip-source.key"
     try:
         if not path.exists():
@@ -220,7 +220,7 @@ def pip_source_key(cache: Path | None = None) -> bytes:
     except OSError as exc:
         raise HostError(f"cannot make or read {path}: {exc.strerror or exc}",
                         field="pip-source key",
-                        fix="make the cache directory writable, or point XDG_CACHE_HOME at "
+                        fix="make the cache directory writable, or point IMGFAB_CACHE_DIR at "
                             "one that is") from None
     if len(key) < PIP_SOURCE_KEY_BYTES:
         raise HostError(f"{path} holds {len(key)} bytes, not a {PIP_SOURCE_KEY_BYTES}-byte key "

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgfab.cache import cache_root
 from imgfab.errors import ValidationFailed
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
 from imgfab.docker.catalogue import (_ALL_PATTERNS, ALWAYS_FORBIDDEN, NOTE_ONLY, PAYLOAD_TOOLKIT,
@@ -273,9 +274,8 @@ _SCANNER_VERSION = "3"
 
 
 def cache_dir() -> Path:
-    """Where per-layer scan results are kept (``$XDG_CACHE_HOME/imgfab/verify``)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "imgfab" / "verify"
+    """Where per-layer scan results are kept (``verify/`` under :func:`imgfab.cache.cache_root`)."""
+    return cache_root() / "verify"
 
 
 def _layer_key(diff_id: str, policy: VerifyPolicy) -> str:

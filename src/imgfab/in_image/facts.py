@@ -18,12 +18,6 @@ from imgfab.in_image import rules
 _LABEL = "org.imgfab."
 
 
-_REQUIRED_LABELS = (
-    "backend", "backend.version", "cuda", "driver.floor", "driver.policy", "archs",
-    "arch.exact", "precision", "tp", "pp", "shm.min_bytes",
-)
-
-
 class ImageFactsError(ValueError):
     """image.json is missing, not JSON, or a label in it is absent or malformed."""
 

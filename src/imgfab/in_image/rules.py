@@ -101,26 +101,36 @@ def check_driver(host_driver: str, *, floor: str, policy: str, cuda: str,
                  strict_floor: str | None = None, compat_floor: str | None = None) -> Verdict:
     """Is ``host_driver`` new enough for an image whose driver floor is ``floor``?
 
-    ``floor`` is the floor the image was resolved under (its label); ``strict_floor`` and
-    ``compat_floor``, when known, let the fix name the other policy's floor.
+    ``floor`` is the floor the image was resolved under (its label). ``strict_floor``, when
+    known, is the driver that runs ``cuda`` natively (its release's own floor): under
+    minor-compat or forward-compat a host at or above it relies on neither, so its verdict
+    names no minor-version limits, and a fix names it beside ``floor``. ``compat_floor``, when
+    known, lets a strict image's fix name the minor-compat floor.
+
+    >>> check_driver("580.95.05", floor="525.60.13", policy="minor-compat", cuda="12.8.1",
+    ...              strict_floor="570.124.06").reason.split("; ")[1]
+    '≥ 570.124.06, the strict floor: the host driver runs CUDA 12.8.1 natively'
     """
+    # The floor at which this CUDA needs no compatibility layer, when it is above the image's own.
+    native = strict_floor if (policy != STRICT and strict_floor
+                              and compare_versions(strict_floor, floor) > 0) else None
     if compare_versions(host_driver, floor) >= 0:
         reason = f"driver {host_driver} ≥ {floor} (CUDA {cuda}, {policy})"
-        if policy == MINOR_COMPAT:
-            reason += f"; {MINOR_COMPAT_LIMITS}"
+        if native and compare_versions(host_driver, native) >= 0:
+            reason += f"; ≥ {native}, the strict floor: the host driver runs CUDA {cuda} natively"
+        elif policy == MINOR_COMPAT:
+            below = f"below {native}, the strict floor: " if native else ""
+            reason += f"; {below}{MINOR_COMPAT_LIMITS}"
         return Verdict(True, "driver", reason)
     fix = f"upgrade the host driver to ≥ {floor}"
+    if native:
+        fix += f" ({native}, the strict floor, runs CUDA {cuda} natively)"
     if policy == STRICT and compat_floor and compare_versions(host_driver, compat_floor) >= 0:
         fix += (f", or resolve with target.driver_policy: minor-compat "
                 f"(CUDA {major_minor(cuda).split('.')[0]}.x floor {compat_floor})")
     return Verdict(False, "driver",
                    f"host driver {host_driver} is older than {floor}, the {policy} floor for "
                    f"CUDA {cuda}", fix)
-
-
-def format_ceilings(ceilings: dict[str, str]) -> str:
-    """``{"7.0": "580"}`` → ``"7.0:580"``: the ``driver.ceilings`` label, sorted by capability."""
-    return ",".join(f"{cc}:{ceilings[cc]}" for cc in sorted(ceilings, key=parse_version))
 
 
 def parse_ceilings(text: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from imgfab.errors import MatrixError
-from imgfab.matrix.compat import Sourced, _read, _records, _sourced, _tuple, validate_record
+from imgfab.matrix.records import Sourced, _read, _records, _sourced, _tuple, validate_record
 
 SEVERITIES = ("low", "moderate", "high", "critical")
 

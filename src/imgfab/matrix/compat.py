@@ -3,197 +3,33 @@
 The data is flat, sorted and sourced (see ``compat/README.md``). Loading validates the shape
 of every record (a malformed file raises :class:`~imgfab.errors.MatrixError`), and drops at load
 time every backend release that cannot be built here — no CUDA toolkit or ``nvidia/cuda``
-image for its CUDA — recording why in :attr:`Matrix.dropped`, so the resolver never offers it.
+image for its CUDA, no TensorRT release for its CUDA major — recording why in
+:attr:`Matrix.dropped`, so the resolver never offers it.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from imgfab.errors import CompatibilityError, MatrixError
 from imgfab.in_image.rules import compare_versions, major_minor, parse_version
-from imgfab.matrix.gpus import NvmlName, check_nvml_names, match_gpu, parse_nvml_names
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from imgfab.matrix.advisories import Advisory, load_advisories
+from imgfab.matrix.gpus import check_nvml_names, match_gpu, parse_nvml_names
+from imgfab.matrix.payloads import PayloadCheck, load_payload_checks
+# The record types and the YAML helpers live in imgfab.matrix.records; they are importable from
+# here as before.
+from imgfab.matrix.records import (Architecture, BackendProfile, BackendRelease, CudaImage, CudaRuntime,
+                                   CudaToolkit, DriverBranch, Gpu, MinorCompat, NvmlName, OsRelease,
+                                   PrecisionRule, Sourced, TensorRTRelease, TorchRelease, _opt, _read, _records, _sourced,
+                                   _str, _tuple, _uploaded, validate_record)
 
 
 def default_compat_dir() -> Path:
     """The matrix shipped inside the package (``compat/`` of the source tree)."""
     return Path(str(resources.files("imgfab") / "_data" / "compat"))
-
-
-@dataclass(frozen=True)
-class Sourced:
-    source: str
-    confirmed: bool
-
-
-@dataclass(frozen=True)
-class CudaToolkit(Sourced):
-    version: str
-    min_driver: str
-
-
-@dataclass(frozen=True)
-class MinorCompat(Sourced):
-    cuda_major: int
-    min_driver: str
-    limits: str
-
-
-@dataclass(frozen=True)
-class CudaRuntime(Sourced):
-    """A CUDA runtime (cudart) component version → the toolkit release that first ships it.
-
-    The strict driver floor of a payload is that toolkit's ``min_driver``.
-    """
-
-    cudart: str
-    toolkit: str
-
-
-@dataclass(frozen=True)
-class CudaImage(Sourced):
-    cuda: str
-    os: str
-    flavors: tuple[str, ...]
-    eol: bool = False  # NVIDIA marks the tag end-of-life (deleted from Docker Hub six months later)
-    platforms: tuple[str, ...] = ("linux/amd64",)
-
-    def ref(self, flavor: str) -> str:
-        """Upstream reference, e.g. ``nvidia/cuda:12.8.1-devel-ubuntu22.04``."""
-        return f"nvidia/cuda:{self.cuda}-{flavor}-{self.os}"
-
-
-@dataclass(frozen=True)
-class OsRelease(Sourced):
-    name: str
-    python: str
-
-
-@dataclass(frozen=True)
-class Gpu(Sourced):
-    name: str
-    aliases: tuple[str, ...]
-    compute_capability: str
-    architecture: str
-    memory_gib: float
-    min_driver: str = ""  # the oldest driver that supports this GPU at all (Blackwell: R570)
-    min_driver_source: str = ""
-    cpu_arch: str = "x86_64"  # hosts this GPU comes in (GH200/GB200/GB300: aarch64 superchips)
-    datacenter: bool = True  # forward compatibility is supported on datacenter GPUs only
-    nvml_names: tuple[NvmlName, ...] = ()  # product names as NVML / nvidia-smi print them
-    # NVIDIA's last driver branch for this GPU's architecture ("" = none announced), from
-    # gpus.yaml architectures: a host on a newer branch cannot drive it (Volta: R580).
-    last_driver_branch: str = ""
-    last_driver_source: str = ""
-
-    @property
-    def sm(self) -> str:
-        return "sm" + self.compute_capability.replace(".", "")
-
-
-@dataclass(frozen=True)
-class Architecture(Sourced):
-    """A GPU architecture, its compute capabilities and NVIDIA's last driver branch for it."""
-
-    name: str
-    compute_capabilities: tuple[str, ...]
-    last_driver_branch: str = ""  # "" = "Ongoing" in NVIDIA's table
-
-
-@dataclass(frozen=True)
-class PrecisionRule(Sourced):
-    backend: str
-    precision: str
-    min_compute_capability: str | None
-    max_compute_capability: str | None
-    excluded_compute_capabilities: tuple[str, ...]
-    supported: bool
-    note: str
-    backend_versions: str = ""  # PEP 440 specifier of backend releases the rule covers ("" = all)
-    native_min_compute_capability: str | None = None  # below it (≥ min) the precision is not native
-    fallback: str = ""  # what runs where it is not native, e.g. "weight-only (Marlin W4A16)"
-    # where native is not a range: the capabilities that run it natively (() = nowhere); None: unset
-    native_compute_capabilities: tuple[str, ...] | None = None
-
-    def native_on(self, compute_capability: str) -> bool:
-        """Whether ``compute_capability`` runs the precision natively (no ``fallback``)."""
-        from imgfab.in_image.rules import compare_versions  # noqa: PLC0415
-
-        if self.native_compute_capabilities is not None:
-            return any(compare_versions(compute_capability, c) == 0
-                       for c in self.native_compute_capabilities)
-        native = self.native_min_compute_capability
-        return not native or compare_versions(compute_capability, native) >= 0
-
-    def native_text(self) -> str:
-        """Where native compute is, for a message: "needs compute capability ≥ 8.9",
-        "needs compute capability 9.0 or 10.0", "is on no GPU in this release"."""
-        if self.native_compute_capabilities is not None:
-            return ("needs compute capability " + " or ".join(self.native_compute_capabilities)
-                    if self.native_compute_capabilities else "is on no GPU in this release")
-        return f"needs compute capability ≥ {self.native_min_compute_capability}"
-
-
-@dataclass(frozen=True)
-class TorchRelease(Sourced):
-    version: str  # a local label names a non-PyPI build: 2.9.1+cu130
-    cuda: str
-    python: str
-    index: str = "https://pypi.org/simple"
-    cuda_runtime: str = ""  # nvidia-cuda-runtime (cudart) pin, or the cuda-toolkit release pinned
-    sass: tuple[str, ...] = ()  # measured in libtorch_cuda.so (compat refresh)
-    ptx: tuple[str, ...] = ()
-    fatbin_source: str = ""
-
-
-@dataclass(frozen=True)
-class BackendRelease(Sourced):
-    """One release of a serving backend, as published (PyPI metadata + upstream build files)."""
-
-    backend: str
-    version: str
-    cuda: str  # major.minor of the CUDA its wheels are built for
-    torch: str  # PEP 440 specifier
-    python: str  # PEP 440 specifier
-    cuda_archs: tuple[str, ...]
-    wheel_tags: tuple[str, ...]
-    python_versions: tuple[str, ...] = ()  # CPython minors with wheels, when the tags are unknown
-    tensorrt: str = ""
-    base_image: str = ""
-    system_packages: tuple[str, ...] = ()
-    note: str = ""
-    torch_index: str = "https://pypi.org/simple"  # where its torch comes from (install guide)
-    fatbin_sass: tuple[str, ...] = ()  # measured in the wheel's own CUDA library (compat refresh)
-    fatbin_ptx: tuple[str, ...] = ()
-    fatbin_source: str = ""
-    # When the release was complete on PyPI (the latest upload time of its files, compat
-    # refresh): "2026-04-18T05:50:15Z"; "" when not recorded. It bounds the lock (imgfab.payload.era).
-    uploaded: str = ""
-
-
-@dataclass(frozen=True)
-class BackendProfile(Sourced):
-    """How a backend family is packaged: runtime base flavor and what serving needs at run time."""
-
-    backend: str
-    runtime_flavor: str
-    runtime_packages: tuple[str, ...]
-    runtime_toolchain: tuple[str, ...]
-    builder_packages: tuple[str, ...]
-    weights_required: str
-    reason: str
-    # Compilers the backend's kernels need at run time on some GPUs (imgfab.stack.toolchain).
-    jit_toolchains: tuple[Any, ...] = ()
-    # Requirements the payload adds when the recipe spans nodes (target.nodes > 1), e.g. ray.
-    multinode_requires: tuple[str, ...] = ()
 
 
 @dataclass
@@ -208,20 +44,21 @@ class Matrix:
     releases: list[BackendRelease]
     profiles: dict[str, BackendProfile]
     runtimes: dict[str, CudaRuntime] = field(default_factory=dict)
-    driver_branches: list["DriverBranch"] = field(default_factory=list)
+    driver_branches: list[DriverBranch] = field(default_factory=list)
     architectures: dict[str, Architecture] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
-    advisories: list[Any] = field(default_factory=list)  # imgfab.matrix.advisories.Advisory
-    payload_checks: list[Any] = field(default_factory=list)  # imgfab.matrix.payloads.PayloadCheck
+    advisories: list[Advisory] = field(default_factory=list)
+    tensorrt: list[TensorRTRelease] = field(default_factory=list)  # compat/tensorrt.yaml
+    payload_checks: list[PayloadCheck] = field(default_factory=list)  # compat/payloads.yaml
 
-    def advisories_for(self, package: str, version: str) -> list[Any]:
+    def advisories_for(self, package: str, version: str) -> list[Advisory]:
         """The advisories whose affected range holds ``package`` ``version``, in file order."""
         return [a for a in self.advisories if a.affects(package, version)]
 
-    def payload_check(self, backend: str, version: str, python: str) -> Any:
+    def payload_check(self, backend: str, version: str, python: str) -> PayloadCheck | None:
         """What ``imgfab compat refresh --payloads`` recorded of ``backend`` ``version``'s payload
-        for an image of ``python`` (a :class:`~imgfab.matrix.payloads.PayloadCheck`), or None."""
+        for an image of ``python``, or None."""
         return next((c for c in self.payload_checks
                      if (c.backend, c.version, c.python) == (backend, version, python)), None)
 
@@ -305,70 +142,6 @@ class Matrix:
         return sorted(found, key=lambda r: Version(r.version), reverse=True)
 
 
-@dataclass(frozen=True)
-class DriverBranch(Sourced):
-    """A datacenter driver branch and the CUDA majors it runs under forward compatibility."""
-
-    branch: str  # "535"
-    kind: str  # lts | production | feature
-    forward_compat_cuda: tuple[str, ...]  # CUDA majors.minors the cuda-compat package supports
-    end_of_life: str = ""
-
-
-def _read(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / name
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except FileNotFoundError:
-        raise MatrixError(f"compat file missing: {path}") from None
-    except yaml.YAMLError as exc:
-        raise MatrixError(f"compat file {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise MatrixError(f"compat file {path} must be a mapping")
-    return data
-
-
-def _records(data: dict[str, Any], key: str, path: str) -> list[dict[str, Any]]:
-    rows = data.get(key)
-    if not isinstance(rows, list):
-        raise MatrixError(f"{path}: '{key}' must be a list of records")
-    for index, row in enumerate(rows):
-        if not isinstance(row, dict) or not row.get("source"):
-            raise MatrixError(f"{path}: {key}[{index}] has no source")
-    return rows
-
-
-_UPLOADED = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
-
-
-def _uploaded(row: dict[str, Any], where: str) -> str:
-    """A release's ``uploaded:`` (UTC, to the second, as compat refresh writes it), or ""."""
-    value = str(row.get("uploaded") or "")
-    if value and not _UPLOADED.match(value):
-        raise MatrixError(f"{where}: uploaded {value!r} is not a UTC time like 2026-04-18T05:50:15Z",
-                          field="compat")
-    return value
-
-
-def _sourced(row: dict[str, Any]) -> dict[str, Any]:
-    return {"source": str(row["source"]), "confirmed": bool(row.get("confirmed", False))}
-
-
-def _str(row: dict[str, Any], key: str, where: str) -> str:
-    value = row.get(key)
-    if value is None or isinstance(value, (dict, list)):
-        raise MatrixError(f"{where}: missing or malformed '{key}'")
-    return str(value)
-
-
-def _tuple(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(str(v) for v in value)
-
-
 def load_matrix(directory: Path | None = None) -> Matrix:
     """Load and cross-check every compat file. Raises MatrixError on malformed data."""
     directory = Path(directory) if directory else default_compat_dir()
@@ -389,15 +162,15 @@ def load_matrix(directory: Path | None = None) -> Matrix:
     runtimes = {
         _str(row, "cudart", "cuda.yaml runtimes"): CudaRuntime(
             cudart=str(row["cudart"]), toolkit=_str(row, "toolkit", "cuda.yaml runtimes"), **_sourced(row))
-        for row in cuda.get("runtimes") or [] if row.get("source")
+        for row in _records(cuda, "runtimes", "cuda.yaml", required=False)
     }
-    for row in cuda.get("runtimes") or []:
+    for row in _records(cuda, "runtimes", "cuda.yaml", required=False):
         note("cudart", str(row.get("cudart")), row)
     driver_branches = [
         DriverBranch(branch=_str(row, "branch", "cuda.yaml driver_branches"), kind=str(row.get("kind", "")),
                      forward_compat_cuda=_tuple(row.get("forward_compat_cuda")),
                      end_of_life=str(row.get("end_of_life") or ""), **_sourced(row))
-        for row in cuda.get("driver_branches") or [] if row.get("source")
+        for row in _records(cuda, "driver_branches", "cuda.yaml", required=False)
     ]
     minor_compat = {
         int(row["cuda_major"]): MinorCompat(cuda_major=int(row["cuda_major"]),
@@ -504,12 +277,8 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     os_releases=os_releases, gpus=gpus, precisions=precisions, torch=torch,
                     releases=[], profiles=profiles, runtimes=runtimes,
                     driver_branches=driver_branches, architectures=architectures,
-                    unconfirmed=unconfirmed)
-    from imgfab.matrix.advisories import load_advisories  # noqa: PLC0415 - it builds on this module
-
+                    unconfirmed=unconfirmed, tensorrt=load_tensorrt(directory))
     matrix.advisories = load_advisories(directory)
-    from imgfab.matrix.payloads import load_payload_checks  # noqa: PLC0415 - it builds on this module
-
     matrix.payload_checks = load_payload_checks(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
@@ -548,62 +317,10 @@ def _jit_toolchains(row: dict[str, Any]) -> tuple[Any, ...]:
         raise MatrixError(str(exc), field="compat/backends.yaml") from None
 
 
-# compat data is validated like recipe data: values reach Dockerfiles, lock files and labels.
-# No record value may hold a control character (a newline would start a Dockerfile
-# instruction); fields that reach a Dockerfile or a shell must fully match their pattern.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_VERSION = r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}"
-_SPECIFIER = r"[<>=!~]{0,3}[ ]*[0-9A-Za-z.*+_-]{1,64}([ ]*,[ ]*[<>=!~]{1,3}[ ]*[0-9A-Za-z.*+_-]{1,64}){0,7}"
-_FIELD_PATTERNS: dict[str, str] = {
-    "version": _VERSION, "cuda": _VERSION, "min_driver": r"([0-9]{1,4}(\.[0-9]{1,4}){0,2})?",
-    "os": r"[a-z][a-z0-9.]{0,31}", "name": r"[A-Za-z0-9][A-Za-z0-9 ._()-]{0,63}",
-    "flavors": r"[a-z][a-z0-9-]{0,31}", "runtime_flavor": r"([a-z][a-z0-9-]{0,31})?",
-    "toolchain": r"image|payload", "backend_versions": rf"({_SPECIFIER})?",
-    # a PEP 508 name with extras (no version: the lock pins it), e.g. cuda-toolkit[nvcc,nvvm]
-    "payload_requirements": r"[a-z0-9][a-z0-9._-]{0,63}(\[[a-z0-9][a-z0-9,._-]{0,127}\])?",
-    "python": rf"({_SPECIFIER})?", "torch": rf"({_SPECIFIER})?", "tensorrt": rf"({_SPECIFIER})?",
-    "compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
-    "compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}",
-    "native_compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}", "last_driver_branch": r"([0-9]{3,4})?",
-    "cuda_archs": r"[0-9]{1,2}\.[0-9]{1,2}[af]?", "python_versions": r"[0-9]\.[0-9]{1,2}",
-    "wheel_tags": r"[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,40}-[A-Za-z0-9._]{1,80}",
-    "base_image": r"([a-z0-9][a-z0-9._/:@-]{0,255})?",
-    # Debian package names (Policy 5.6.1), and the tool names verify knows
-    "system_packages": r"[a-z0-9][a-z0-9+.-]{0,127}", "runtime_packages": r"[a-z0-9][a-z0-9+.-]{0,127}",
-    "builder_packages": r"[a-z0-9][a-z0-9+.-]{0,127}", "runtime_toolchain": r"[a-z0-9][a-z0-9+.-]{0,127}",
-    "weights_required": r"[A-Za-z0-9._*|,-]{1,256}", "backend": r"[a-z][a-z0-9-]{0,31}",
-    "precision": r"[a-z][a-z0-9_]{0,31}",
-}
-_MAX_TEXT = 4096  # notes, sources, limits: prose, but bounded
-
-
-def validate_record(record: Any) -> None:
-    """Raise MatrixError when a field of a compat ``record`` holds a control character, is
-    longer than a bound, or (for a field that reaches a Dockerfile) does not fully match its
-    pattern."""
-    kind = type(record).__name__
-    for spec in fields(record):
-        value = getattr(record, spec.name)
-        values = value if isinstance(value, tuple) else (value,)
-        for item in values:
-            if not isinstance(item, str):
-                continue
-            pattern = _FIELD_PATTERNS.get(spec.name)
-            if _CONTROL.search(item) or len(item) > _MAX_TEXT or (
-                    pattern is not None and not re.fullmatch(pattern, item)):
-                shown = item if len(item) <= 40 else item[:40] + "…"
-                raise MatrixError(f"compat {kind} field {spec.name} = {shown!r} is not valid "
-                                  "compat data", field="compat",
-                                  fix="fix the record (values reach Dockerfiles: no line breaks, "
-                                      "only the characters its kind allows)")
-
-
-def _opt(value: Any) -> str | None:
-    return None if value in (None, "") else str(value)
-
 
 def _buildable(matrix: Matrix, releases: list[BackendRelease]) -> tuple[list[BackendRelease], list[tuple[str, str]]]:
-    """Keep releases that can be built: their CUDA has a toolkit row and an nvidia/cuda image."""
+    """Keep releases that can be built: their CUDA has a toolkit row and an nvidia/cuda image,
+    and a TensorRT-LLM release's TensorRT requirement has a release for that CUDA major."""
     kept: list[BackendRelease] = []
     dropped: list[tuple[str, str]] = []
     for release in releases:
@@ -623,6 +340,10 @@ def _buildable(matrix: Matrix, releases: list[BackendRelease]) -> tuple[list[Bac
         if release.backend not in matrix.profiles:
             dropped.append((label, "no packaging profile in compat/backends.yaml"))
             continue
+        if release.backend == "tensorrt-llm" and not _tensorrt_fitting(release.tensorrt, release.cuda, matrix.tensorrt):
+            dropped.append((label, f"no TensorRT release for CUDA {cuda_minor.split('.')[0]} in "
+                                   f"compat/tensorrt.yaml satisfies {release.tensorrt or 'its empty requirement'}"))
+            continue
         kept.append(release)
     from packaging.version import Version
 
@@ -630,33 +351,68 @@ def _buildable(matrix: Matrix, releases: list[BackendRelease]) -> tuple[list[Bac
     return kept, dropped
 
 
-def tensorrt_pin(requirement: str, trtllm_version: str, compat_dir: Path | None = None) -> str:
-    """The newest TensorRT release in ``compat/tensorrt.yaml`` inside ``requirement`` (the
-    TensorRT-LLM release's own, e.g. ``~=10.14.1``).
-
-    TensorRT-LLM pins ``tensorrt~=X.Y.Z``; the image pins one exact version so the engine's
-    TensorRT version (a cache-key component and a label) is known before the build.
-    """
-    from packaging.specifiers import SpecifierSet  # noqa: PLC0415
+def load_tensorrt(directory: Path) -> list[TensorRTRelease]:
+    """The releases of ``directory/tensorrt.yaml``, in file order. Each needs a source, a PEP 440
+    version and the CUDA major it is built for (empty only on a row that is not confirmed); a
+    malformed row raises MatrixError naming it."""
     from packaging.version import InvalidVersion, Version  # noqa: PLC0415
 
-    directory = compat_dir or default_compat_dir()
-    with (directory / "tensorrt.yaml").open(encoding="utf-8") as handle:
-        rows = yaml.safe_load(handle)["releases"]
-    spec = SpecifierSet(requirement)
-    fitting = []
-    for row in rows:
+    found = []
+    for index, row in enumerate(_records(_read(directory, "tensorrt.yaml"), "releases", "tensorrt.yaml")):
+        release = TensorRTRelease(version=_str(row, "version", f"tensorrt.yaml releases[{index}]"),
+                                  cuda_major=str(row.get("cuda_major") or ""), **_sourced(row))
+        where = f"releases[{index}] ({release.version!r})"
         try:
-            if Version(str(row["version"])) in spec:
-                fitting.append(str(row["version"]))
+            Version(release.version)
         except InvalidVersion:
-            continue
-    if not requirement or not fitting:
+            raise MatrixError(f"{where}: version is not a PEP 440 version", field="compat/tensorrt.yaml",
+                              fix="the version as PyPI lists it") from None
+        if not release.cuda_major and release.confirmed:
+            raise MatrixError(f"{where} is confirmed but names no cuda_major", field="compat/tensorrt.yaml",
+                              fix="the CUDA major of the tensorrt_cuXX package its metapackage requires")
+        validate_record(release)
+        found.append(release)
+    return found
+
+
+def _tensorrt_fitting(requirement: str, cuda: str, releases: list[TensorRTRelease]) -> list[str]:
+    """The versions of ``releases`` inside ``requirement`` built for the major of ``cuda`` (none
+    for an empty or unparsable requirement)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # noqa: PLC0415
+    from packaging.version import Version  # noqa: PLC0415
+
+    if not requirement:
+        return []
+    try:
+        spec = SpecifierSet(requirement)
+    except InvalidSpecifier:
+        return []
+    major = cuda.split(".")[0]
+    return [r.version for r in releases if r.cuda_major == major and Version(r.version) in spec]
+
+
+def tensorrt_pin(requirement: str, trtllm_version: str, cuda: str, releases: list[TensorRTRelease]) -> str:
+    """The newest TensorRT of ``releases`` (:func:`load_tensorrt`) inside ``requirement`` (the
+    TensorRT-LLM release's own, e.g. ``~=10.14.1``) and built for the major of ``cuda``, the
+    stack's CUDA: a TensorRT built for another major would not load its CUDA libraries.
+
+    TensorRT-LLM pins ``tensorrt~=X.Y.Z``; the image pins one exact version so the engine's
+    TensorRT version (a cache-key component and a label) is known before the build. Raises
+    CompatibilityError when no release fits (the matrix drops such TensorRT-LLM releases at load).
+    """
+    from packaging.version import Version  # noqa: PLC0415
+
+    fitting = _tensorrt_fitting(requirement, cuda, releases)
+    if not fitting:
         raise CompatibilityError(
             f"TensorRT-LLM {trtllm_version} is incompatible with compat/tensorrt.yaml: "
-            f"no TensorRT release satisfies {requirement or 'an empty requirement'}",
+            f"no TensorRT release for CUDA {cuda.split('.')[0]} satisfies "
+            f"{requirement or 'an empty requirement'}",
             field="backend.version", fix="run `imgfab compat refresh`")
     return max(fitting, key=Version)
 
 
-__all__ = ["Matrix", "load_matrix", "default_compat_dir", "compare_versions", "tensorrt_pin"]
+__all__ = ["Architecture", "BackendProfile", "BackendRelease", "CudaImage", "CudaRuntime", "CudaToolkit",
+           "DriverBranch", "Gpu", "Matrix", "MinorCompat", "NvmlName", "OsRelease", "PrecisionRule", "Sourced",
+           "TensorRTRelease", "TorchRelease", "compare_versions", "default_compat_dir", "load_matrix",
+           "load_tensorrt", "tensorrt_pin", "validate_record"]

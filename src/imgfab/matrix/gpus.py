@@ -27,13 +27,10 @@ usable ranges do not overlap, so that memory always tells them apart.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from imgfab.errors import MatrixError, RecipeError
-
-if TYPE_CHECKING:
-    from imgfab.matrix.compat import Gpu
+from imgfab.matrix.records import Gpu, NvmlName
 
 # Reported total memory / nominal memory_gib, for the memory to belong to that GPU.
 USABLE_FRACTION = (0.85, 1.02)
@@ -42,16 +39,6 @@ _BRANDS = ("nvidia", "tesla")
 _SEPARATORS = re.compile(r"[\s_-]+")
 _DROPPED = re.compile(r"[^a-z0-9.]")  # GFD's sanitise keeps [A-Za-z0-9-_. ]
 _MEMORY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(MiB|GiB|B)?\s*")
-
-
-@dataclass(frozen=True)
-class NvmlName:
-    """One product name as NVML reports it, and where that string was seen."""
-
-    name: str
-    source: str
-    confirmed: bool
-    note: str = ""
 
 
 def nvml_key(name: str) -> str:

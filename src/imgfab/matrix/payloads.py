@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imgfab.errors import MatrixError
-from imgfab.matrix.compat import Sourced, _read, _sourced, _tuple
+from imgfab.matrix.records import Sourced, _read, _sourced, _tuple
 
 PAYLOADS_FILE = "payloads.yaml"
 

@@ -70,7 +70,7 @@ FIELDS = {
     "tensorrt-llm": ("version", "tensorrt", "torch", "torch_index", "python", "python_classifiers",
                      "cuda", "base_image", "cuda_archs", "wheel_tags", "system_packages", "uploaded", "source",
                      "upstream_source", "confirmed", "note"),
-    "tensorrt": ("version", "cuda_major", "requires", "source", "confirmed", "note"),
+    "tensorrt": ("version", "cuda_major", "source", "confirmed", "note"),
 }
 # Fields read from upstream source trees, carried over from the existing record.
 UPSTREAM_FIELDS = {
@@ -185,10 +185,10 @@ def tensorrt_record(version: str, meta: CoreMetadata, filename: str) -> dict[str
         match = re.match(r"^\s*tensorrt[-_]cu(\d+)\b", line, re.IGNORECASE)
         if match:
             req = Requirement(line)
-            return {"version": version, "cuda_major": match.group(1), "requires": str(req),
+            return {"version": version, "cuda_major": match.group(1),
                     "source": _provenance("tensorrt", version, filename, f"Requires-Dist {req}"),
                     "confirmed": True}
-    return {"version": version, "cuda_major": "", "requires": "", "confirmed": False,
+    return {"version": version, "cuda_major": "", "confirmed": False,
             "source": _provenance("tensorrt", version, filename, "no tensorrt_cuXX requirement"),
             "note": "the metapackage names no tensorrt_cuXX package"}
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import requests
 
+from imgfab.cache import cache_root
 from imgfab.errors import NetworkError
 
 TAIL_BYTES = 65536
@@ -33,8 +34,8 @@ _CENTRAL = b"PK\x01\x02"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "imgfab" / "wheels"
+    """Where members read from wheels are kept (``wheels/`` under :func:`imgfab.cache.cache_root`)."""
+    return cache_root() / "wheels"
 
 
 class _RemoteFile:

@@ -33,7 +33,7 @@ import yaml
 
 from imgfab.in_image import stage
 from imgfab.errors import CompatibilityError, HostError, MatrixError, NetworkError, RecipeError
-from imgfab.matrix.compat import tensorrt_pin
+from imgfab.matrix.compat import default_compat_dir, load_tensorrt, tensorrt_pin
 from imgfab.payload.era import era_line, exclude_newer
 from imgfab.payload.checks import (BACKENDS, check_cuda_majors, check_declared_ranges, check_file_collisions, check_indexes,
                                    check_packages, check_torch_cuda, torch_cuda_major)
@@ -49,15 +49,17 @@ __all__ = ["LAYER_LIMIT", "PLAN_LIMIT", "Lock", "LockedPackage", "PayloadRequest
            "requirement_pins", "reviewed_collisions", "served_stack", "torch_cuda_major"]
 
 
-def requirement_pins(stack: Any) -> list[str]:
-    """The payload's top-level pins: the backend and torch exactly (``imgfab lock`` resolves
-    the rest; where each name comes from is compat/payload.yaml's business)."""
+def requirement_pins(stack: Any, compat_dir: Path | None = None) -> list[str]:
+    """The payload's top-level pins: the backend and torch exactly, and for TensorRT-LLM the
+    TensorRT of ``compat_dir``'s tensorrt.yaml (``imgfab lock`` resolves the rest; where each
+    name comes from is compat/payload.yaml's business)."""
     package = {"vllm": "vllm", "tensorrt-llm": "tensorrt-llm"}[stack.backend]
     pins = [f"{package}=={stack.backend_version}"]
     if stack.torch:
         pins.append(f"torch=={stack.torch}")
     if stack.backend == "tensorrt-llm":  # one exact TensorRT: the engine's cache key and label name it
-        pins.append(f"tensorrt=={tensorrt_pin(stack.tensorrt, stack.backend_version)}")
+        releases = load_tensorrt(compat_dir or default_compat_dir())
+        pins.append(f"tensorrt=={tensorrt_pin(stack.tensorrt, stack.backend_version, stack.cuda, releases)}")
     # The run-time JIT toolchain's wheels, at the CUDA toolkit release torch pins (backends.yaml).
     pins.extend(stack.payload_toolchain)
     # Across nodes: the cluster runtime the backend's wheels do not require (ray for vLLM);
@@ -71,8 +73,6 @@ def lock_path(recipe_path: str | Path, recipe_name: str) -> Path:
 
 
 def _payload_data(compat_dir: Path | None) -> dict[str, Any]:
-    from imgfab.matrix.compat import default_compat_dir  # noqa: PLC0415
-
     path = (compat_dir or default_compat_dir()) / "payload.yaml"
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
@@ -94,7 +94,7 @@ def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> 
         recipe=recipe.name,
         stack_line=(f"{stack.backend} {stack.backend_version}{torch}, CUDA {stack.cuda}, "
                     f"{stack.os}, Python {stack.python}"),
-        pins=tuple(requirement_pins(stack)), python=stack.python,
+        pins=tuple(requirement_pins(stack, compat_dir)), python=stack.python,
         platform=platforms[stack.os]["python_platform"], cuda_major=cuda_major,
         indexes=indexes, default_index=data.get("default_index", _DEFAULT_INDEX),
         installer=_installer_line(data),

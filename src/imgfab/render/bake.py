@@ -49,12 +49,17 @@ def mirrored(ref: str, mirror: str | None) -> str:
 
 def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
                     registry: str | None = None, compat_dir: Path | None = None,
-                    lock_dir: Path | None = None, progress: Any = None) -> dict[str, Any]:
+                    lock_dir: Path | None = None, lock: Path | None = None,
+                    progress: Any = None) -> dict[str, Any]:
     """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict);
     ``progress`` (:class:`imgfab.progress.Progress`) hears of each recipe rendered.
 
+    Each recipe installs its committed, fresh lock; ``lock_dir/<name>.lock`` instead when
+    ``lock_dir`` is given, or ``lock`` itself, the lock of the one recipe (``build --lock``).
+
     Raises :class:`RecipeError` / :class:`CompatibilityError` as ``imgfab render`` does, and
-    :class:`RecipeError` when two recipes map to the same target name.
+    :class:`RecipeError` when two recipes map to the same target name or ``lock`` is given
+    for several recipes.
     """
     from imgfab.matrix.compat import load_matrix  # noqa: PLC0415
     from imgfab.payload.lock import load_for_build  # noqa: PLC0415
@@ -63,6 +68,9 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     from imgfab.render.source import source_epoch, source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
 
+    if lock is not None and len(recipe_paths) != 1:
+        raise RecipeError("--lock names the lock of one recipe", field="--lock",
+                          fix="bake one recipe per --lock, or give --lock-dir")
     matrix = load_matrix(compat_dir)
     targets: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
@@ -71,14 +79,15 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
         stack = resolve(recipe, matrix, None).stack
         strategy = "at-start" if stack.backend_path == "engine" else "two-phase"
         # The payload the builder installs, as `imgfab build` would: the committed fresh lock,
-        # or <lock_dir>/<name>.lock as given (locks resolved against a mirror or a test index).
-        lock = load_for_build(path, recipe, stack, lock_dir / f"{recipe.name}.lock" if lock_dir else None,
-                              compat_dir)
+        # or <lock_dir>/<name>.lock or the --lock file as given (locks resolved against a
+        # mirror or a test index).
+        lock_file = lock or (lock_dir / f"{recipe.name}.lock" if lock_dir else None)
+        payload = load_for_build(path, recipe, stack, lock_file, compat_dir)
         args = {"BUILDER_IMAGE": mirrored(stack.builder_image, mirror),
                 "RUNTIME_IMAGE": mirrored(stack.runtime_image, mirror)}
         target_registry = registry or recipe.image.registry  # as imgfab build: --registry wins
         source = source_of(path)
-        files = render_context(recipe, stack, matrix, engine_strategy=strategy, lock=lock,
+        files = render_context(recipe, stack, matrix, engine_strategy=strategy, lock=payload,
                                registry=target_registry, bases=args, source=source)
         context = write_context(files, out_dir / recipe.name)
         name = target_name(recipe.name)
@@ -106,15 +115,16 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
 
 def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
                registry: str | None = None, compat_dir: Path | None = None,
-               lock_dir: Path | None = None, progress: Any = None) -> Path:
+               lock_dir: Path | None = None, lock: Path | None = None, progress: Any = None) -> Path:
     """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
 
     ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
-    ``registry`` prefixes the tags. The JSON is deterministic (sorted keys, trailing newline).
+    ``registry`` prefixes the tags; ``compat_dir``, ``lock_dir`` and ``lock`` are
+    :func:`bake_definition`'s. The JSON is deterministic (sorted keys, trailing newline).
     """
     path = Path(path)
     definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
-                                 compat_dir=compat_dir, lock_dir=lock_dir, progress=progress)
+                                 compat_dir=compat_dir, lock_dir=lock_dir, lock=lock, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
     try:

@@ -370,7 +370,7 @@ def _payload(stack: Stack, lock: Lock | None) -> dict[str, Any]:
 
 
 def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
-                   recipe_text: str = "", engine_strategy: str = "two-phase",
+                   engine_strategy: str = "two-phase",
                    lock: Lock | None = None, registry: str | None = None,
                    bases: dict[str, str] | None = None, source: Source | None = None,
                    image_ref: str | None = None) -> dict[str, str]:

@@ -7,7 +7,7 @@ its name and checks its source's checksum and Jinja2's own magic before it uses 
 so an edited template is compiled again. What it does not key is the environment's options
 (``trim_blocks`` and the rest change the compiled code): the cache directory is therefore named
 after a digest of those options, and of imgfab's version. The cache lives under
-``$IMGFAB_CACHE_DIR`` or ``$XDG_CACHE_HOME/imgfab`` (default ``~/.cache/imgfab``); where it cannot
+:func:`imgfab.cache.cache_root` (``$IMGFAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/imgfab``); where it cannot
 be created, templates are compiled in memory as before, never an error.
 """
 
@@ -22,19 +22,11 @@ from typing import Any
 import jinja2
 
 from imgfab import __version__
+from imgfab.cache import cache_root
 
 # The options every environment is made with; their digest names the cache directory.
 OPTIONS: dict[str, Any] = {"undefined": jinja2.StrictUndefined, "keep_trailing_newline": True,
                            "trim_blocks": True, "lstrip_blocks": True, "autoescape": False}
-
-
-def cache_root() -> Path:
-    """Where imgfab caches what it can compute again: ``$IMGFAB_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/imgfab``, else ``~/.cache/imgfab``."""
-    if os.environ.get("IMGFAB_CACHE_DIR"):
-        return Path(os.environ["IMGFAB_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "imgfab"
 
 
 def _options_key() -> str:
@@ -63,4 +55,4 @@ def environment(templates: Path, filters: dict[str, Callable[..., Any]]) -> jinj
     return env
 
 
-__all__ = ["OPTIONS", "cache_root", "environment"]
+__all__ = ["OPTIONS", "environment"]

@@ -124,7 +124,8 @@ def check_argv(argv: list[str], flags: FlagSet, command: str) -> list[str]:
 
 def tensorrt_pin(stack: Stack, compat_dir: Path | None = None) -> str:
     """The exact TensorRT the image pins for ``stack`` (:func:`imgfab.matrix.compat.tensorrt_pin`)."""
-    return compat.tensorrt_pin(stack.tensorrt, stack.backend_version, compat_dir)
+    releases = compat.load_tensorrt(compat_dir or compat.default_compat_dir())
+    return compat.tensorrt_pin(stack.tensorrt, stack.backend_version, stack.cuda, releases)
 
 
 def engine_cache_key(compute_capability: str, tensorrt: str, trtllm: str, recipe_digest: str) -> str:

@@ -305,7 +305,7 @@ def check_command(argv: list[str], flagset: FlagSet, command: str) -> list[str]:
         name, has_inline, inline = token.partition("=")
         flag = table.flags.get(name)
         if flag is None:
-            problems.append(f"{prog} {name}: no such flag in {where}; {_pointer(table, name, flagset)}")
+            problems.append(f"{prog} {name}: no such flag in {where}; {_pointer(table, name)}")
             continue
         if not flag.takes_value:
             if has_inline:
@@ -345,7 +345,7 @@ def verify_known_mistakes(flagset: FlagSet) -> list[str]:
     return wrong
 
 
-def _pointer(table: Command, name: str, flagset: FlagSet) -> str:
+def _pointer(table: Command, name: str) -> str:
     base = table.name.split(" ")[0]
     for mistake in KNOWN_MISTAKES:
         if mistake.flag == name and mistake.command in {table.name, base, table.display}:

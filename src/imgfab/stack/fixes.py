@@ -88,7 +88,7 @@ def _forward_need(matrix: Matrix, driver: str, cuda: str) -> tuple[str, str] | N
                       f"{', '.join('R' + b for b in listed)}")
 
 
-def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu, precision: str,
+def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu,
                  failures_by_release: list[tuple[BackendRelease, list[Rejection]]], driver: str) -> str:
     """The smallest recipe change that makes some candidate fit, searched over combinations.
 

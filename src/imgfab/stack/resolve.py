@@ -183,7 +183,7 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
         # Every other fix would be searched without the advisories: name one that passes them.
         fix = refusal_fix(recipe, matrix, lambda changed, on_driver: _quiet_stack(changed, matrix, host, on_driver))
     else:
-        fix = _nearest_fix(recipe, matrix, gpu, precision, failures_by_release, driver)
+        fix = _nearest_fix(recipe, matrix, gpu, failures_by_release, driver)
     first, deciding = deciding_rejection(failures_by_release)
     which = (f"every candidate the recipe admits fails {first.constraint}; newest"
              if deciding else "newest")
