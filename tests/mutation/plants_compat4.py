@@ -48,7 +48,7 @@ PLANTS = [
          old="    others = [p for p in (MINOR_COMPAT, FORWARD_COMPAT, STRICT) if p != policy]",
          new="    others = []", first=A),
     dict(name="compat4: advisory fix tries no wider version pin", path="stack/advisories.py",
-         old='        yield f"dropping backend.version {recipe.backend.version!r}", unpinned, None\n',
+         old='    if pinned:\n        yield f"dropping backend.version {recipe.backend.version!r}", unpinned, None\n',
          new="", first=A),
     dict(name="compat4: an advisory's fixed release accepted inside its range", path="matrix/advisories.py",
          old="        if advisory.affects(advisory.package, advisory.fixed) or fixed.is_prerelease:",
