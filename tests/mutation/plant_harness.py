@@ -255,6 +255,12 @@ def _import_checks(jobs: list[dict], source: Path) -> dict[str, str]:
     return problems
 
 
+# Plant paths are relative to src/imgfab: the shipped matrix through its _data link, the frozen
+# one the resolver, matrix and fit tests read from the tests' fixtures.
+SHIPPED_COMPAT = "_data/compat/"
+FROZEN_COMPAT = "../../tests/fixtures/compat_frozen/"
+
+
 def _check_matrix(job: dict, compat_copy: Path) -> str:
     """The matrix loads from ``compat_copy`` with the job's file patched, or refuses the data
     with imgfab's own error (a plant may well make the data invalid); any other exception, a
@@ -295,14 +301,19 @@ def worker() -> None:
     repo = Path(request["repo"])
     problems: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="imgfab-plants-") as scratch:
-        compat_copy = Path(scratch) / "compat"
-        shutil.copytree(repo / "compat", compat_copy)
+        # the shipped matrix and the logic tests' frozen one (tests/fixtures/compat_frozen)
+        copies = {}
+        for prefix, source in ((SHIPPED_COMPAT, repo / "compat"), (FROZEN_COMPAT, repo / "tests/fixtures/compat_frozen")):
+            if source.is_dir():
+                copies[prefix] = Path(scratch) / source.name
+                shutil.copytree(source, copies[prefix])
         for job in request["jobs"]:
             try:
+                prefix = next((p for p in copies if job["path"].startswith(p)), None)
                 if job["path"].endswith(".j2"):
                     problems[job["plant"]] = _check_template(job)
-                elif job["path"].startswith("_data/compat/") and job["path"].endswith(".yaml"):
-                    problems[job["plant"]] = _check_matrix(job, compat_copy)
+                elif prefix is not None and job["path"].endswith(".yaml"):
+                    problems[job["plant"]] = _check_matrix(job, copies[prefix])
             except Exception as error:  # noqa: BLE001 - any failure to parse is the report
                 problems[job["plant"]] = f"{type(error).__name__}: {_one_line(str(error))}"
     python = [job for job in request["jobs"] if job["path"].endswith(".py")]
