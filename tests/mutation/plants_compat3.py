@@ -4,15 +4,15 @@ one sourced fact of forward compatibility, driver ceilings, deciding refusals or
 R3 = ("tests/stack/test_compat_round3.py",)
 
 PLANTS = [
-    dict(name="compat3: R570 row missing from driver_branches", path="_data/compat/cuda.yaml",
+    dict(name="compat3: R570 row missing from driver_branches", path="../../tests/fixtures/compat_frozen/cuda.yaml",
          old='  - branch: "570"', new='  - branch: "571"', first=R3),
-    dict(name="compat3: R535 stops at CUDA 13.1 again", path="_data/compat/cuda.yaml",
+    dict(name="compat3: R535 stops at CUDA 13.1 again", path="../../tests/fixtures/compat_frozen/cuda.yaml",
          old='forward_compat_cuda: ["12.3", "12.4", "12.5", "12.6", "12.8", "12.9", "13.0", "13.1", "13.2", "13.3", "13.4"]',
          new='forward_compat_cuda: ["12.3", "12.4", "12.5", "12.6", "12.8", "12.9", "13.0", "13.1"]', first=R3),
-    dict(name="compat3: a new feature branch taken as a forward-compat target", path="_data/compat/cuda.yaml",
+    dict(name="compat3: a new feature branch taken as a forward-compat target", path="../../tests/fixtures/compat_frozen/cuda.yaml",
          old='kind: "feature"\n    end_of_life: ""\n    forward_compat_cuda: []',
          new='kind: "feature"\n    end_of_life: ""\n    forward_compat_cuda: ["13.2", "13.3", "13.4"]', first=R3),
-    dict(name="compat3: Volta's last driver branch dropped", path="_data/compat/gpus.yaml",
+    dict(name="compat3: Volta's last driver branch dropped", path="../../tests/fixtures/compat_frozen/gpus.yaml",
          old='compute_capabilities: ["7.0"]\n    last_driver_branch: "580"',
          new='compute_capabilities: ["7.0"]\n    last_driver_branch: null', first=R3),
     dict(name="compat3: resolver ignores the driver ceiling", path="stack/candidates.py",

@@ -4,7 +4,8 @@ turns off one guard or puts back one wrong fact of compat/precisions.yaml."""
 Q = ("tests/stack/test_quant_floors.py",)
 A = ("tests/stack/test_advisories.py",)
 W = ("tests/in_image/test_fatbin.py", "tests/matrix/test_wheels.py")
-P = "_data/compat/precisions.yaml"
+# The logic tests read the frozen matrix (tests/fixtures/compat_frozen): its facts are planted there.
+P = "../../tests/fixtures/compat_frozen/precisions.yaml"
 
 PLANTS = [
     dict(name="compat4: fp8 floor before 0.14.0 taken as 7.5", path=P,
@@ -39,7 +40,7 @@ PLANTS = [
     dict(name="compat4: native_compute_capabilities not loaded", path="matrix/compat.py",
          old='native_compute_capabilities=(None if row.get("native_compute_capabilities") is None',
          new='native_compute_capabilities=(None if True', first=Q),
-    dict(name="compat4: the auto_map advisory's range starts after 0.10.1.1", path="_data/compat/advisories.yaml",
+    dict(name="compat4: the auto_map advisory's range starts after 0.10.1.1", path="../../tests/fixtures/compat_frozen/advisories.yaml",
          old='affected: ">=0.10.1,<0.14.0"', new='affected: ">=0.10.2,<0.14.0"', first=A),
     dict(name="compat4: resolve leaves advisories out", path="stack/resolve.py",
          old="            if advisories:\n                stack = _with_advisories(",
@@ -48,7 +49,7 @@ PLANTS = [
          old="    others = [p for p in (MINOR_COMPAT, FORWARD_COMPAT, STRICT) if p != policy]",
          new="    others = []", first=A),
     dict(name="compat4: advisory fix tries no wider version pin", path="stack/advisories.py",
-         old='        yield f"dropping backend.version {recipe.backend.version!r}", unpinned, None\n',
+         old='    if pinned:\n        yield f"dropping backend.version {recipe.backend.version!r}", unpinned, None\n',
          new="", first=A),
     dict(name="compat4: an advisory's fixed release accepted inside its range", path="matrix/advisories.py",
          old="        if advisory.affects(advisory.package, advisory.fixed) or fixed.is_prerelease:",

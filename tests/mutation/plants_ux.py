@@ -33,8 +33,8 @@ PLANTS += [
     dict(name="ux: entrypoint serves with an empty API key file", path="_data/templates/entrypoint.sh.j2",
          old='    if [ -z "$VLLM_API_KEY" ]; then', new='    if false; then', first=SERVING),
     dict(name="ux: run.sh starts with an empty API key file", path="_data/templates/run.sh.j2",
-         old='if [ ! -s "$API_KEY_FILE" ]; then', new='if [ ! -e /nonexistent-never ] && false; then',
-         first=SERVING),
+         old='(Authorization: Bearer KEY)}"\nif [ ! -s "$API_KEY_FILE" ]; then',  # the single-node one
+         new='(Authorization: Bearer KEY)}"\nif [ ! -e /nonexistent-never ] && false; then', first=SERVING),
     dict(name="ux: compose has no restart policy", path="_data/templates/compose.yaml.j2",
          old='    restart: "unless-stopped"\n', new='', first=SERVING),
     dict(name="ux: k8s has no PodDisruptionBudget", path="_data/templates/k8s.yaml.j2",

