@@ -107,3 +107,36 @@ def test_a_conflict_outside_every_family_names_the_release_to_pin_or_the_review(
                                 "nvidia-cutlass-dsl-libs-cu13 4.5.2 may overwrite each other, review the paths "
                                 "in compat/payload.yaml file_collisions_allowed")
     assert "indexes" not in caught.value.fix
+
+
+RECORDING_UV = """#!/bin/sh
+# records its argv and the constraints file it was handed, then resolves nothing
+printf '%s\\n' "$@" > "{log}"
+while [ $# -gt 0 ]; do
+    if [ "$1" = "--constraints" ]; then cp "$2" "{log}.constraints"; fi
+    shift
+done
+exit 0
+"""
+
+
+def test_uv_gets_the_constraints_as_a_constraints_file(tmp_path, compat):
+    """A recording uv stands in for the real one: the request's constraints reach it as uv's
+    --constraints file, one per line (the real uv honours them: tests/integration/test_lock_families.py)."""
+    from dataclasses import replace
+
+    from imgfab.payload.lock import resolve_packages
+
+    _with_rows(compat, ROWS)
+    request, _ = _request(compat)
+    log = tmp_path / "argv"
+    uv = tmp_path / "uv"
+    uv.write_text(RECORDING_UV.format(log=log))
+    uv.chmod(0o755)
+    with pytest.raises(FileNotFoundError):  # it wrote no pylock.toml: argv is what we read
+        resolve_packages(request, uv=str(uv))
+    assert "--constraints" in log.read_text().splitlines()
+    assert (tmp_path / "argv.constraints").read_text() == "cuda-bindings>=13.0.0,<14\ncuda-python>=13.0.0,<14\n"
+    with pytest.raises(FileNotFoundError):
+        resolve_packages(replace(request, constraints=()), uv=str(uv))
+    assert "--constraints" not in log.read_text().splitlines()
