@@ -140,3 +140,45 @@ def test_uv_gets_the_constraints_as_a_constraints_file(tmp_path, compat):
     with pytest.raises(FileNotFoundError):
         resolve_packages(replace(request, constraints=()), uv=str(uv))
     assert "--constraints" not in log.read_text().splitlines()
+
+
+def test_check_header_names_a_recorded_bound_the_compat_rows_no_longer_give(compat):
+    """A lock written under other constraints than compat/payload.yaml gives now: its
+    '# constraints:' line is compared, like the other recorded lines."""
+    from imgfab.errors import RecipeError
+    from imgfab.payload.lock import Lock, check_header
+
+    _with_rows(compat, ROWS)
+    written, _ = _request(compat)
+    lock = Lock.parse(format_lock(written, [], uv_version="0.13.9", refused="-"))
+    _with_rows(compat, [dict(ROWS[1], requirements=["cuda-python>=13.2.0,<14"])])
+    now, _ = _request(compat)
+    with pytest.raises(RecipeError) as caught:
+        check_header(lock, now, "h200.lock", "recipes/h200.yaml")
+    assert caught.value.message.startswith(
+        "h200.lock:10: its '# constraints:' lines record cuda-bindings>=13.0.0,<14 cuda-python>=13.0.0,<14 "
+        "(compat/payload.yaml constraints for CUDA 13; uv -c: they bound a name, never add one), "
+        "compat/payload.yaml and the recipe give cuda-python>=13.2.0,<14 (")
+
+
+def test_the_lock_refusal_carries_the_checks_own_fix(compat, tmp_path, monkeypatch):
+    """`imgfab lock`'s refusal: the conflict's own fix (the family bound), then where the
+    refusal is recorded; never the unrelated indexes."""
+    from imgfab.payload import lock as lockmod
+
+    _with_rows(compat, ROWS)
+    recipe = tmp_path / "qwen2-7b-h200.yaml"
+    recipe.write_text((FROZEN_RECIPES / "qwen2-7b-h200.yaml").read_text())
+    monkeypatch.setattr(lockmod, "_unreachable_refusal", lambda *a: "")
+    monkeypatch.setattr(lockmod, "uv_binary", lambda: "uv")
+    monkeypatch.setattr(lockmod, "_uv_version", lambda uv: "0.13.9")
+    monkeypatch.setattr(lockmod, "resolve_packages", lambda *a, **k: _clash(
+        ("cuda-bindings", "13.5.0"), ("cuda-python", "12.6.2.post1")))
+    monkeypatch.setattr(lockmod, "inspect_packages", lambda *a, **k: None)
+    with pytest.raises(CompatibilityError) as caught:
+        lockmod.lock_recipe(str(recipe), compat_dir=compat)
+    assert caught.value.fix == ("cuda-bindings 13.5.0 and cuda-python 12.6.2.post1 are one family split across "
+                                "releases: bound it to the CUDA 13 line with compat/payload.yaml constraints "
+                                "(cuda-python>=13.0.0,<14, cuda-bindings>=13.0.0,<14); the refusal is "
+                                "recorded in qwen2-7b-h200.lock")
+    assert "# refused: distributions install the same file" in (tmp_path / "qwen2-7b-h200.lock").read_text()
