@@ -1037,19 +1037,34 @@ def compat() -> None:
               show_default=True, help="Where the architectures read from wheels are cached.")
 @click.option("--no-fatbin", is_flag=True,
               help="Do not read GPU code from wheels; carry fatbin_* fields over.")
+@click.option("--payloads", is_flag=True,
+              help="Then lock each vLLM release as `imgfab lock` would and record in payloads.yaml "
+                   "whether its payload installs cleanly (the resolver rejects one that does not).")
+@click.option("--payload-version", "payload_versions", multiple=True, metavar="VERSION",
+              help="--payloads: check only this release (repeatable); default every vLLM release "
+                   "whose lock inputs changed since its row was written.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @json_option
-def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, quiet: bool,
-                   as_json: bool) -> None:
-    """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata and wheel GPU code."""
+def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, payloads: bool,
+                   payload_versions: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+    """Regenerate the vLLM / torch / TensorRT-LLM tables from PyPI metadata and wheel GPU code
+    (and, with --payloads, whether each vLLM release's payload installs cleanly)."""
     from imgfab.matrix.refresh import refresh
     from imgfab.matrix.wheels import PayloadCache
     from imgfab.progress import for_command
 
     _json("compat refresh", as_json)
+    if payload_versions and not payloads:
+        raise RecipeError("--payload-version checks payloads", field="--payload-version",
+                          fix="add --payloads")
     with for_command(quiet=quiet) as progress:
         read_archs = None if no_fatbin else PayloadCache(Path(payload_cache), progress=progress).archs
         changes = refresh(Path(compat_dir), read_archs=read_archs, progress=progress)
+        if payloads:
+            from imgfab.payload.verdicts import refresh_payloads
+
+            changes = [*changes, *refresh_payloads(Path(compat_dir), versions=payload_versions,
+                                                   progress=progress)]
     if as_json:
         _emit("compat refresh", compat_dir=compat_dir, changes=list(changes))
         return

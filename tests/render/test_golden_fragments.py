@@ -103,6 +103,33 @@ PINNED: dict[str, dict[str, list[str]]] = {
         # vLLM 0.26.0 is past the API-key bypass (fixed in 0.22.0): every interface, behind the key
         "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", '--publish "${HOST_PORT:-8000}:8000"', _API_KEY_MOUNT],
     },
+    # The newest stack (issue 32): backend.version unpinned, so the newest vLLM the matrix holds,
+    # vLLM 0.33.0 on torch 2.14.0 (CUDA runtime 13.0.3, whose strict floor is 13.0.2's 580.95.05);
+    # its payload installs only with the cuda-python family bounded to CUDA 13 (the lock says so).
+    "qwen2-7b-b200": {
+        "Dockerfile": [
+            "ARG BUILDER_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04\n",
+            "ARG RUNTIME_IMAGE=nvidia/cuda:13.0.3-base-ubuntu24.04\n",
+            _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="chat"\n',
+            'NVIDIA_REQUIRE_CUDA="cuda>=13.0"', 'VOLUME ["/models/qwen2-7b"]\n',
+            'org.imgfab.backend.version="0.33.0"', 'org.imgfab.torch="2.14.0"', 'org.imgfab.cuda="13.0.3"',
+            'org.imgfab.driver.floor="580.95.05"', 'org.imgfab.driver.policy="strict"',
+            'org.imgfab.gpu="B200"', 'org.imgfab.gpu.cc="10.0"',
+            'org.imgfab.precision="bf16"', 'org.imgfab.tp="1"',
+            # vLLM 0.24+ samples with FlashInfer on 8.0-12.1: Blackwell's 10.0 too
+            'org.imgfab.jit="flashinfer-sampler"', "CUDA_HOME=/opt/imgfab/cuda \\\n",
+        ],
+        "requirements.lock": ["torch==2.14.0 \\\n    --hash=sha256:", "vllm==0.33.0 \\\n    --hash=sha256:",
+                              # the family bounded to CUDA 13: the metapackage, never the monolith
+                              "cuda-python==13.", "cuda-bindings==13."],
+        "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}',
+                     '{"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["10"]}',
+                     '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["580"]}',
+                     # the same model and limits as the H200 recipe: 16638 MiB
+                     '{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["16637"]}'],
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", 'target: "imgfab-api-key"'],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _API_KEY_MOUNT],
+    },
     "llama31-8b-l4": {
         "Dockerfile": [
             "ARG BUILDER_IMAGE=nvidia/cuda:12.8.2-devel-ubuntu24.04\n",
@@ -246,6 +273,9 @@ SERVED: dict[str, tuple[str, str, list[str], list[str]]] = {
     "qwen2-7b-h200": ("chat", "exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 ",
                       ["--tensor-parallel-size 1", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
                        "--dtype bfloat16"], ["--quantization", "--kv-cache-dtype"]),
+    "qwen2-7b-b200": ("chat", "exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 ",
+                      ["--tensor-parallel-size 1", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
+                       "--dtype bfloat16"], ["--quantization", "--kv-cache-dtype"]),
     "llama31-8b-l4": ("long-context", "exec vllm serve /models/llama3.1-8b --served-model-name llama3.1-8b "
                       "--host 0.0.0.0 --port 8000 ",
                       ["--tensor-parallel-size 1", "--max-model-len 16384", "--gpu-memory-utilization 0.92",
@@ -269,6 +299,7 @@ COPIED = ["engine/", "entrypoint.sh", "image.json", "imgfab-probe.sh", "imgfab/"
           "netenv.sh", "requirements.lock", "imgfab-stage.py"]
 COPIED_ENGINE = COPIED + ["imgfab-compile.sh", "imgfab-quantize.py"]
 WEIGHTS_MOUNT = {"qwen2-7b-h100": "/models/qwen2-7b", "qwen2-7b-h200": "/models/qwen2-7b",
+                 "qwen2-7b-b200": "/models/qwen2-7b",
                  "llama31-8b-l4": "/models/llama3.1-8b", "mistral-7b-a100-trtllm": "/models/mistral-7b",
                  "llama31-8b-h100-fp8-engine": "/models/llama3.1-8b",
                  "qwen2-7b-l40s-awq-engine": "/models/qwen2-7b", FAKE: "/models/mistral-7b"}

@@ -18,6 +18,7 @@ from imgfab.errors import CompatibilityError, MatrixError
 from imgfab.in_image.rules import compare_versions, major_minor, parse_version
 from imgfab.matrix.advisories import Advisory, load_advisories
 from imgfab.matrix.gpus import check_nvml_names, match_gpu, parse_nvml_names
+from imgfab.matrix.payloads import PayloadCheck, load_payload_checks
 # The record types and the YAML helpers live in imgfab.matrix.records; they are importable from
 # here as before.
 from imgfab.matrix.records import (Architecture, BackendProfile, BackendRelease, CudaImage, CudaRuntime,
@@ -49,10 +50,17 @@ class Matrix:
     unconfirmed: list[str] = field(default_factory=list)
     advisories: list[Advisory] = field(default_factory=list)
     tensorrt: list[TensorRTRelease] = field(default_factory=list)  # compat/tensorrt.yaml
+    payload_checks: list[PayloadCheck] = field(default_factory=list)  # compat/payloads.yaml
 
     def advisories_for(self, package: str, version: str) -> list[Advisory]:
         """The advisories whose affected range holds ``package`` ``version``, in file order."""
         return [a for a in self.advisories if a.affects(package, version)]
+
+    def payload_check(self, backend: str, version: str, python: str) -> PayloadCheck | None:
+        """What ``imgfab compat refresh --payloads`` recorded of ``backend`` ``version``'s payload
+        for an image of ``python``, or None."""
+        return next((c for c in self.payload_checks
+                     if (c.backend, c.version, c.python) == (backend, version, python)), None)
 
     def gpu(self, name: str) -> Gpu | None:
         """Find a GPU by canonical name or alias, case-insensitively."""
@@ -271,6 +279,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     driver_branches=driver_branches, architectures=architectures,
                     unconfirmed=unconfirmed, tensorrt=load_tensorrt(directory))
     matrix.advisories = load_advisories(directory)
+    matrix.payload_checks = load_payload_checks(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
 

@@ -33,18 +33,41 @@ def check_cuda_majors(packages: list[LockedPackage], allowed: tuple[str, ...] = 
 
 
 def check_file_collisions(packages: list[LockedPackage],
-                          allowed: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> None:
+                          allowed: tuple[tuple[str, tuple[str, ...]], ...] = (), *,
+                          families: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (),
+                          cuda_major: str = "") -> None:
     """Two distributions installing one path with different bytes (one overwrites the other).
 
-    ``allowed`` lists reviewed ``(path, packages)`` pairs (compat/payload.yaml)."""
+    ``allowed`` lists reviewed ``(path, packages)`` pairs (compat/payload.yaml). The refusal's
+    fix names what answers the conflict: the compat/payload.yaml constraints row whose family
+    holds every clashing name (``families``: (CUDA major, names, requirements)), else the
+    release to pin or the review to add."""
     reviewed = {(path, tuple(sorted(names))) for path, names in allowed}
     clashes = sorted((path, who) for path, who in _collisions(packages).items()
                      if (path, tuple(sorted(n for n, _ in who))) not in reviewed)
     if clashes:
         shown = "; ".join(f"{path} ({' '.join(sorted(n for n, _ in who))})" for path, who in clashes[:5])
         more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+        versions = {p.name: p.version for p in packages}
+        names = sorted({n for _, who in clashes for n, _ in who})
         raise CompatibilityError(f"distributions install the same file with different bytes: {shown}{more}",
-                                 field="lock", fix="drop one of them, or pin both to one CUDA major")
+                                 field="lock", fix=_collision_fix(names, versions, families, cuda_major))
+
+
+def _collision_fix(names: list[str], versions: dict[str, str],
+                   families: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...], cuda_major: str) -> str:
+    pinned = " and ".join(f"{n} {versions[n]}" for n in names if n in versions)
+    for major, family, requirements in families:
+        if major == cuda_major and set(names) <= set(family):
+            return (f"{pinned} are one family split across releases: bound it to the CUDA {major} line "
+                    f"with compat/payload.yaml constraints ({', '.join(requirements)})")
+    if any(set(names) <= set(family) for _, family, _ in families):
+        rows = sorted({major for major, family, _ in families if set(names) <= set(family)})
+        return (f"{pinned} are one family split across releases: add a compat/payload.yaml constraints "
+                f"row for CUDA {cuda_major} (rows exist for CUDA {', '.join(rows)})")
+    return (f"pin backend.version to an older release (compat/payloads.yaml records which install "
+            f"cleanly), or, if {pinned} may overwrite each other, review the paths in compat/payload.yaml "
+            "file_collisions_allowed")
 
 
 def torch_cuda_major(package: LockedPackage) -> str | None:
@@ -154,4 +177,5 @@ def check_packages(packages: list[LockedPackage], request: PayloadRequest, cuda:
     check_indexes(packages, request, index_url)
     check_cuda_majors(packages, request.other_majors_allowed)
     check_torch_cuda(packages, request.cuda_major, cuda)
-    check_file_collisions(packages, request.collisions_allowed)
+    check_file_collisions(packages, request.collisions_allowed, families=request.families,
+                          cuda_major=request.cuda_major)

@@ -106,7 +106,12 @@ def payload_request(recipe: Any, stack: Any, compat_dir: Path | None = None) -> 
                                           if row["backend"] == stack.backend
                                           and str(row["cuda_major"]) == cuda_major)),
         exclude_newer=exclude_newer(uploaded) if uploaded else "",
-        era=era_line(stack.backend, stack.backend_version, uploaded) if uploaded else "")
+        era=era_line(stack.backend, stack.backend_version, uploaded) if uploaded else "",
+        constraints=tuple(sorted(requirement for row in data.get("constraints", [])
+                                 if str(row["cuda_major"]) == cuda_major
+                                 for requirement in row["requirements"])),
+        families=tuple((str(row["cuda_major"]), tuple(sorted(stage.normalize(n) for n in row["family"])),
+                        tuple(row["requirements"])) for row in data.get("constraints", [])))
 
 
 def _backend_uploaded(stack: Any, compat_dir: Path | None) -> str:
@@ -165,6 +170,10 @@ def resolve_packages(request: PayloadRequest, *, index_url: str | None = None,
                 "--python-version", request.python, "--python-platform", request.platform,
                 "--only-binary", ":all:", "--index-strategy", "first-index",
                 "--default-index", indexes[-1]]
+        if request.constraints:  # families bounded to the stack's CUDA major
+            constraints = Path(scratch) / "constraints.txt"
+            constraints.write_text("\n".join(request.constraints) + "\n")
+            argv += ["--constraints", str(constraints)]
         if request.exclude_newer:  # the backend release's era (imgfab.payload.era)
             argv += ["--exclude-newer", request.exclude_newer]
         for url in indexes[:-1]:
@@ -360,6 +369,8 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
     if progress is not None:
         progress.step(f"{recipe.name}: checking the indexes answer")
     refused = _unreachable_refusal(request, stack, index_url)
+    refusal_fix = ("lock where the indexes compat/payload.yaml pins these names to answer, or against a "
+                   "mirror that serves every name (--index-url MIRROR)")
     packages: list[LockedPackage] = []
     if not refused:
         if progress is not None:
@@ -375,14 +386,13 @@ def lock_recipe(recipe_path: str, *, upgrade: bool = False, index_url: str | Non
         try:
             check_packages(packages, request, stack.cuda, index_url)
         except CompatibilityError as error:
-            refused = error.message
+            refused, refusal_fix = error.message, error.fix or "see compat/payload.yaml"
     text = format_lock(request, packages, uv_version=_uv_version(uv), refused=refused)
     new = Lock.parse(text)
     _write(path, text)
     if refused:
         raise CompatibilityError(refused, field=f"lock {recipe.name}",
-                                 fix="see compat/payload.yaml indexes; the refusal is recorded in "
-                                 f"{path.name}")
+                                 fix=f"{refusal_fix}; the refusal is recorded in {path.name}")
     return LockResult(path, new, era_diff(old, new) + lock_diff(old, new), True)
 
 
@@ -404,7 +414,7 @@ def _is_fresh(lock: Lock, request: PayloadRequest) -> bool:
 
 # The header lines that record what compat/payload.yaml and the recipe decide; --check
 # compares each with what they give now (the builder reads none of them).
-_RECORDED = ("stack", "target", "requested", "index", "installer", "exclude-newer")
+_RECORDED = ("stack", "target", "requested", "index", "installer", "exclude-newer", "constraints")
 
 
 def check_header(lock: Lock, request: PayloadRequest, source: str, recipe_path: str) -> None:

@@ -84,6 +84,12 @@ class PayloadRequest:
     # and the header's account of it ("2026-05-02T05:50:15Z (vllm 0.19.1 uploaded ...)")
     exclude_newer: str = ""
     era: str = ""
+    # uv constraints (-c) bounding families the backend's tree leaves open to the stack's CUDA
+    # major (compat/payload.yaml constraints): cuda-python>=13.0.0,<14 ...
+    constraints: tuple[str, ...] = ()
+    # every compat/payload.yaml constraints row: (CUDA major, family names, requirements), so a
+    # refusal can name the bound that answers a conflict (not part of the fingerprint)
+    families: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()
 
     def fingerprint(self) -> str:
         data = {"format": LOCK_FORMAT, "pins": self.pins, "python": self.python,
@@ -95,6 +101,8 @@ class PayloadRequest:
                 "groups": GROUPS, "serves": self.serves}
         if self.other_majors_allowed:  # absent for stacks no exception concerns (their locks keep their fingerprint)
             data["other_majors_allowed"] = self.other_majors_allowed
+        if self.constraints:  # likewise: a stack no constraint concerns keeps its fingerprint
+            data["constraints"] = self.constraints
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
 
     def index_of(self, name: str) -> str:
@@ -272,6 +280,9 @@ def format_lock(request: PayloadRequest, packages: list[LockedPackage], *, uv_ve
                 f"--python-platform {request.platform} --only-binary :all:")
     if request.exclude_newer:
         head.append(f"# exclude-newer: {request.era or request.exclude_newer}")
+    if request.constraints:
+        head.append(f"# constraints: {' '.join(request.constraints)} (compat/payload.yaml constraints for "
+                    f"CUDA {request.cuda_major}; uv -c: they bound a name, never add one)")
     if refused:
         head.append(f"# refused: {refused}")
         return _fingerprinted(request, "\n".join(head) + "\n")

@@ -31,7 +31,7 @@ from imgfab.errors import RecipeError
 # The header keys imgfab lock writes (lockfile.format_lock), each once but for those listed
 # in _REPEATED. ``layer`` lines have their own shape (_LAYER).
 _KEYS = frozenset({"fingerprint", "stack", "target", "requested", "index", "installer", "resolver",
-                   "exclude-newer", "refused", "installed", "serves", "cubins-cut", "cut", "collisions-cut", "kept"})
+                   "exclude-newer", "constraints", "refused", "installed", "serves", "cubins-cut", "cut", "collisions-cut", "kept"})
 _REPEATED = frozenset({"index", "cut"})
 _TITLE = re.compile(r"^# imgfab lock for recipe [a-z0-9][a-z0-9-]*: written by `imgfab lock`, do not edit\.$"
                     # the builder's requirements.lock, which requirements_text writes

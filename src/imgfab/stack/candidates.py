@@ -24,8 +24,8 @@ _OS_ORDER = ("ubuntu24.04", "ubuntu22.04")
 
 
 # Order in which a candidate's failures are reported.
-_PRIORITY = ("version", "arch", "gpu-driver", "precision", "dtype", "kv-cache", "torch", "driver",
-             "python", "image", "advisory")
+_PRIORITY = ("version", "arch", "gpu-driver", "precision", "dtype", "kv-cache", "torch", "payload",
+             "driver", "python", "image", "advisory")
 # Constraints that hold for the release on every OS and image patch (no relaxation of OS,
 # policy or driver fixes them).
 RELEASE_CONSTRAINTS = ("arch", "torch", "precision", "dtype", "kv-cache")
@@ -34,7 +34,7 @@ RELEASE_CONSTRAINTS = ("arch", "torch", "precision", "dtype", "kv-cache")
 @dataclass(frozen=True)
 class Rejection:
     candidate: str
-    constraint: str  # version | arch | gpu-driver | precision | dtype | kv-cache | torch | driver | python | image | advisory
+    constraint: str  # version | arch | gpu-driver | precision | dtype | kv-cache | torch | payload | driver | python | image | advisory
     reason: str
     fix: str = ""
 
@@ -237,6 +237,13 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
             failures.append(Rejection(f"{label} on {os_name}", "python", why,
                                       "image.os: an OS whose Python the wheels support"))
             continue
+        check = matrix.payload_check(release.backend, release.version, os_release.python)
+        if check is not None and not check.installs:
+            failures.append(Rejection(f"{label} on {os_name}", "payload",
+                                      f"{label} cannot install cleanly on Python {os_release.python}: "
+                                      f"{check.reason} (imgfab compat refresh --payloads, {check.checked})",
+                                      _installing_fix(matrix, release, os_release.python)))
+            continue
         needed = {"devel", profile.runtime_flavor}
         candidates = [(t, matrix.image(t.version, os_name)) for t in matrix.patches(release.cuda)]
         candidates = [(t, i) for t, i in candidates if i is not None and needed <= set(i.flavors)]
@@ -281,6 +288,20 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
     # The most telling failure first: a driver miss on one OS says more than a Python miss on another.
     failures.sort(key=lambda f: _PRIORITY.index(f.constraint))
     return None, failures
+
+
+def _installing_fix(matrix: Matrix, release: BackendRelease, python: str) -> str:
+    """The release to pin instead of one whose payload does not install: the newest older one
+    of the same backend recorded as installing for ``python``; else what would make it install."""
+    older = [c for c in matrix.payload_checks
+             if c.backend == release.backend and c.python == python and c.installs
+             and Version(c.version) < Version(release.version)]
+    if older:
+        newest = max(older, key=lambda c: Version(c.version))
+        return (f"backend.version: =={newest.version} (the newest {release.backend} release "
+                "recorded as installing cleanly)")
+    return ("bound the conflicting family in compat/payload.yaml constraints, or pin an older "
+            "backend.version")
 
 
 def payload_floors(matrix: Matrix, toolkit: CudaToolkit, payload: Payload) -> dict[str, str]:

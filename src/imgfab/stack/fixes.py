@@ -22,7 +22,7 @@ def _field_for(constraint: str) -> str:
     return {"version": "backend.version", "arch": "target.gpu", "precision": "engine.quantization",
             "dtype": "engine.dtype", "kv-cache": "engine.kv_cache_dtype",
             "python": "image.os", "image": "image.os", "driver": "target.driver",
-            "torch": "backend.version", "gpu-driver": "target.driver",
+            "torch": "backend.version", "payload": "backend.version", "gpu-driver": "target.driver",
             "advisory": "backend.advisories"}.get(constraint, "recipe")
 
 

@@ -1,0 +1,48 @@
+#!/bin/bash
+# Rendered by imgfab 0.1.0: run qwen2-7b-b200 with the settings it was built for.
+# Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
+#        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
+#        API_KEY_FILE=/path/to/api-key (the key clients send as Authorization: Bearer KEY, e.g.
+#        `openssl rand -hex 32 > api-key`; readable by uid 10001, mounted read-only)
+#        ./run.sh [server arguments, replacing the image's server command]
+set -euo pipefail
+IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.33.0-cu13.0.3-sm100-9215601ff67f}"
+WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
+API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
+if [ ! -s "$API_KEY_FILE" ]; then
+    echo "run.sh: API_KEY_FILE=$API_KEY_FILE is not a file with a key in it" >&2
+    exit 2
+fi
+no_comma() {
+    case "$1" in
+        *,*) echo "run.sh: $1: a path with a comma cannot be bind-mounted with --mount; move or link it" >&2; exit 2 ;;
+    esac
+}
+no_comma "$WEIGHTS_DIR"
+no_comma "$API_KEY_FILE"
+volume_name() {
+    case "$1" in
+        [A-Za-z0-9]*) ;;
+        *) echo "run.sh: volume name '$1' must start with a letter or digit" >&2; exit 2 ;;
+    esac
+    case "$1" in
+        *[!A-Za-z0-9_.-]*) echo "run.sh: volume name '$1' may hold only [A-Za-z0-9_.-]" >&2; exit 2 ;;
+    esac
+}
+volume_name "${CACHE_VOLUME:-imgfab-qwen2-7b-b200-cache}"
+
+args=(
+    --rm --name qwen2-7b-b200
+    # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
+    --gpus count=1
+    --shm-size 16g
+    --ulimit memlock=-1 --ulimit stack=67108864
+    --publish "${HOST_PORT:-8000}:8000"
+    --mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/imgfab-api-key,readonly"
+    --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
+    --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"
+    # What serving compiles on its first start (flashinfer-sampler: FlashInfer's top-k/top-p sampling kernels, at the first start's sampler warm-up) is kept in a named
+    # volume, so the next start loads it instead of compiling again.
+    --mount "type=volume,source=${CACHE_VOLUME:-imgfab-qwen2-7b-b200-cache},target=/home/imgfab/.cache"
+)
+exec docker run "${args[@]}" "$IMAGE" "$@"
