@@ -101,3 +101,28 @@ def test_a_stand_in_payload_is_noted_not_failed_but_a_cpu_torch_fails(l4_stack):
     cpu = payload.compare(stack, matrix, payload.Measured(dists={}, libraries={}, torch_lib=True))
     assert cpu.mismatches[0].startswith("no nvidia-cuda-runtime distribution in the image (a CPU-only "
                                         "torch?), the matrix predicted 12.8.90")
+
+
+def test_a_metapackage_release_is_measured_as_the_cudart_it_pins(tmp_path):
+    """torch 2.14.0 pins cuda-toolkit[cudart]==13.0.3, whose metapackage pins nvidia-cuda-runtime
+    13.0.96 (first shipped by 13.0.2): a built image brings 13.0.96, which agrees once the
+    toolkit row records it (cuda.yaml toolkits[].cudart), and was refused before (issue 32:
+    every vLLM >= 0.27 image failed its measurement). On the frozen fixture."""
+    import shutil
+
+    from conftest import FROZEN_COMPAT
+
+    compat = tmp_path / "compat"
+    shutil.copytree(FROZEN_COMPAT, compat)
+    stack = {"torch": "2.14.0", "backend": "vllm", "backend_version": "0.33.0"}
+    measured = payload.Measured(dists={"nvidia-cuda-runtime": "13.0.96"}, libraries={})
+    assert payload.compare(stack, load_matrix(compat), measured).mismatches[:1] == [
+        "the image brings CUDA runtime 13.0.96 (nvidia-cuda-runtime), the matrix predicted 13.0.3: "
+        "fix cuda_runtime of compat/torch.yaml torch 2.14.0"]
+    text = (compat / "cuda.yaml").read_text()
+    (compat / "cuda.yaml").write_text(text.replace('  - version: "13.0.3"\n    min_driver: "580.95.05"\n',
+                                                   '  - version: "13.0.3"\n    min_driver: "580.95.05"\n'
+                                                   '    cudart: "13.0.96"\n'))
+    result = payload.compare(stack, load_matrix(compat), measured)
+    assert not [m for m in result.mismatches if "CUDA runtime" in m], result.mismatches
+    assert result.labels["org.imgfab.measured.cuda_runtime"] == "13.0.96"

@@ -157,7 +157,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
         version = _str(row, "version", "cuda.yaml toolkits")
         # A release whose notes give no driver floor keeps min_driver "": no strict stack uses it.
         toolkits[version] = CudaToolkit(version=version, min_driver=_opt(row.get("min_driver")) or "",
-                                        **_sourced(row))
+                                        cudart=_opt(row.get("cudart")) or "", **_sourced(row))
         note("cuda", version, row)
     runtimes = {
         _str(row, "cudart", "cuda.yaml runtimes"): CudaRuntime(

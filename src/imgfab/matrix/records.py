@@ -32,6 +32,9 @@ class Sourced:
 class CudaToolkit(Sourced):
     version: str
     min_driver: str
+    # the nvidia-cuda-runtime the release's cuda-toolkit metapackage pins (torch >= 2.11 pins the
+    # metapackage): 13.0.3 pins cudart 13.0.96, which 13.0.2 shipped first ("" when not recorded)
+    cudart: str = ""
 
 
 @dataclass(frozen=True)

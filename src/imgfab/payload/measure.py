@@ -106,7 +106,11 @@ def _runtime_of(stack: dict[str, Any], matrix: Any) -> str:
         return ""
     if torch.cuda_runtime in matrix.runtimes:
         return torch.cuda_runtime
-    # torch ≥ 2.11 pins the cuda-toolkit metapackage; its cudart is the runtimes row of that toolkit.
+    # torch ≥ 2.11 pins the cuda-toolkit metapackage: the cudart its row records it pins (13.0.3
+    # pins 13.0.96, first shipped by 13.0.2), else the runtimes row of that toolkit.
+    toolkit = matrix.toolkits.get(torch.cuda_runtime)
+    if toolkit is not None and toolkit.cudart:
+        return toolkit.cudart
     return next((r.cudart for r in matrix.runtimes.values() if r.toolkit == torch.cuda_runtime),
                 torch.cuda_runtime)
 
