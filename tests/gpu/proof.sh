@@ -4,6 +4,7 @@
 #   tests/gpu/proof.sh setup          # host facts; dockerd up; the stand-in base, in the background
 #   tests/gpu/proof.sh piece FILE...  # keep payload pieces in /tmp/imgfab-pieces
 #   tests/gpu/proof.sh shape SHAPE    # (first call: assemble the payload) smoke one run shape
+#                                     # (runsh|compose|k8s; nocc: run.sh with no C compiler in the image)
 #   tests/gpu/proof.sh select         # (after a shape built the stand-in) select with no --gpu
 # Results go to $OUT (the device tool's folder), one JSON per step.
 set -euo pipefail
@@ -51,6 +52,7 @@ shape)
     export IMGFAB_GPU_PROOF_OUT="$OUT" PYTHONUNBUFFERED=1
     selection="$2"
     [ "$2" = runsh ] && selection="standin_dockerfile or runsh"
+    [ "$2" = nocc ] && selection="no_c_compiler"
     python3 -m pytest -m gpu tests/gpu/test_gpu_vllm_shapes.py -k "$selection" -x -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest-$2.log" | tail -n 40
     ;;
 select)

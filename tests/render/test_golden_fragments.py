@@ -87,11 +87,16 @@ PINNED: dict[str, dict[str, list[str]]] = {
             'org.imgfab.gpu="H200"', 'org.imgfab.gpu.cc="9.0"',
             'org.imgfab.archs="7.5,8.0,8.6,8.9,9.0,10.0,12.0"', 'org.imgfab.arch.exact="false"',
             'org.imgfab.precision="bf16"', 'org.imgfab.tp="1"',
-            # FlashInfer's sampler compiles at first start: nvcc from the payload, CUDA_HOME a view of it
-            'org.imgfab.jit="flashinfer-sampler"', "CUDA_HOME=/opt/imgfab/cuda \\\n",
-            'test -x "$tree/bin/nvcc"', "g++ gcc libc6-dev",
+            # FlashInfer's sampler: compiled by the builder for the H200's 9.0 alone with the
+            # payload's nvcc (issue 33); the runtime loads it, compiles nothing of FlashInfer and
+            # carries neither g++ nor a CUDA_HOME view (gcc stays: Triton's launcher stubs)
+            "FROM builder AS kernels\n", "FLASHINFER_CUDA_ARCH_LIST=9.0 \\\n", 'test -x "$tree/bin/nvcc"',
+            "COPY --link --from=kernels /opt/imgfab/layers/kernels/ /\n", "    FLASHINFER_DISABLE_JIT=1 \\\n",
+            'org.imgfab.jit="" \\\n', 'org.imgfab.kernels.arch="9.0"',
+            "apt-get install -y --no-install-recommends gcc libc6-dev python3 python3-dev python3-venv \\\n",
         ],
-        "image.json": ['"org.imgfab.driver.floor": "580.95.05"', '"org.imgfab.jit": "flashinfer-sampler"'],
+        "image.json": ['"org.imgfab.driver.floor": "580.95.05"', '"org.imgfab.jit": ""',
+                       '"org.imgfab.kernels.arch": "9.0"'],
         "requirements.lock": ["torch==2.11.0 \\\n    --hash=sha256:", "vllm==0.26.0 \\\n    --hash=sha256:"],
         "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "32Gi"}',
                      'medium: "Memory"\n            sizeLimit: "16Gi"', "runAsUser: 10001\n",
@@ -116,8 +121,10 @@ PINNED: dict[str, dict[str, list[str]]] = {
             'org.imgfab.driver.floor="580.95.05"', 'org.imgfab.driver.policy="strict"',
             'org.imgfab.gpu="B200"', 'org.imgfab.gpu.cc="10.0"',
             'org.imgfab.precision="bf16"', 'org.imgfab.tp="1"',
-            # vLLM 0.24+ samples with FlashInfer on 8.0-12.1: Blackwell's 10.0 too
-            'org.imgfab.jit="flashinfer-sampler"', "CUDA_HOME=/opt/imgfab/cuda \\\n",
+            # vLLM 0.24+ samples with FlashInfer on 8.0-12.1: Blackwell's 10.0 too, compiled by
+            # the builder for 10.0 alone
+            "FLASHINFER_CUDA_ARCH_LIST=10.0 \\\n", "    FLASHINFER_DISABLE_JIT=1 \\\n",
+            'org.imgfab.jit="" \\\n', 'org.imgfab.kernels.arch="10.0"',
         ],
         "requirements.lock": ["torch==2.14.0 \\\n    --hash=sha256:", "vllm==0.33.0 \\\n    --hash=sha256:",
                               # the family bounded to CUDA 13: the metapackage, never the monolith
@@ -304,6 +311,8 @@ WEIGHTS_MOUNT = {"qwen2-7b-h100": "/models/qwen2-7b", "qwen2-7b-h200": "/models/
                  "llama31-8b-h100-fp8-engine": "/models/llama3.1-8b",
                  "qwen2-7b-l40s-awq-engine": "/models/qwen2-7b", FAKE: "/models/mistral-7b"}
 ENGINES = ("llama31-8b-h100-fp8-engine", "qwen2-7b-l40s-awq-engine")
+# the recipes whose builder compiles FlashInfer's kernels (vLLM >= 0.21 on 8.0-12.1)
+KERNELS = ("qwen2-7b-b200", "qwen2-7b-h200")
 
 _RENDERED: dict[str, dict[str, str]] = {}
 
@@ -358,8 +367,9 @@ def test_weights_are_mounted_never_copied(name, source, matrix):
     copied = sorted({source_path for line in dockerfile.splitlines()
                      if line.startswith(("COPY ", "ADD ")) and "--from=" not in line
                      for source_path in line.split()[1:-1]})
+    kernels = ["imgfab-kernels.py"] if name in KERNELS else []
     assert copied == sorted(COPIED_ENGINE if name in ENGINES else
-                            [c for c in COPIED if c != "engine/"])
+                            [c for c in COPIED if c != "engine/"] + kernels)
     copies = [line for line in dockerfile.splitlines() if line.startswith(("COPY ", "ADD "))]
     assert not [line for line in copies if mount in line or "safetensors" in line or "calibration" in line]
 
@@ -417,3 +427,17 @@ def test_the_fake_index_lock_is_current(matrix):
     assert f"# index: {INDEX_URL} (every other name" in text
     assert not lock.refused and not lock.unhashed
     assert sorted(lock.packages) == ["tensorrt", "tensorrt-llm", "torch"]
+
+
+@pytest.mark.parametrize("source", ["render", "golden"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_runtime_takes_no_compiler_wheels_where_the_builder_compiled_the_kernels(name, source, matrix):
+    """The lock stages the cuda-toolkit[cccl,crt,nvcc,nvvm] wheels as their own group (toolkit-1):
+    the kernels stage compiles with them, the runtime copies every other group and not that one."""
+    files = _files(name, source, matrix)
+    dockerfile = files["Dockerfile"]
+    runtime = dockerfile[dockerfile.index(" AS runtime"):]
+    copies = [line for line in runtime.splitlines() if "/opt/imgfab/layers/" in line]
+    assert "COPY --link --from=payload /opt/imgfab/layers/vllm-1/ /" in copies
+    assert not [line for line in copies if "/layers/toolkit-" in line], copies
+    assert "COPY --link --from=kernels /opt/imgfab/layers/kernels/ /" in copies

@@ -45,6 +45,11 @@ class JitToolchain:
     reason: str
     source: str
     confirmed: bool
+    # Ahead of time: the FlashInfer JIT specs ("module:generator") the builder compiles for the
+    # recipe's GPU with no GPU present, into FlashInfer's AOT layout; the runtime then compiles
+    # nothing of this toolchain (FLASHINFER_DISABLE_JIT=1). Empty: it compiles at start.
+    aot_specs: tuple[str, ...] = ()
+    aot_source: str = ""
 
     def applies(self, backend_version: str, compute_capability: str, kv_cache_dtype: str,
                 precision: str) -> bool:
@@ -87,6 +92,13 @@ def parse_jit_toolchains(rows: Any, where: str) -> tuple[JitToolchain, ...]:
         if source == "payload" and (flavor or not row.get("payload_requirements")):
             raise ValueError(f"{where}: jit_toolchains {row['name']}: a payload toolchain names "
                              "payload_requirements and no runtime_flavor")
+        aot = _strings(row, "aot_specs")
+        if any(spec.count(":") != 1 or not all(spec.split(":")) for spec in aot):
+            raise ValueError(f"{where}: jit_toolchains {row['name']}: aot_specs are 'module:generator' "
+                             f"paths, got {list(aot)}")
+        if aot and (source != "payload" or not row.get("aot_source")):
+            raise ValueError(f"{where}: jit_toolchains {row['name']}: aot_specs need toolchain: payload "
+                             "(the builder compiles with the payload's nvcc) and an aot_source")
         versions = str(row.get("backend_versions") or "")
         try:
             SpecifierSet(versions)
@@ -103,7 +115,8 @@ def parse_jit_toolchains(rows: Any, where: str) -> tuple[JitToolchain, ...]:
             runtime_toolchain=_strings(row, "runtime_toolchain"),
             compiles=" ".join(row["compiles"].split()),
             reason=" ".join(row["reason"].split()), source=row["source"],
-            confirmed=row.get("confirmed") is True))
+            confirmed=row.get("confirmed") is True, aot_specs=aot,
+            aot_source=str(row.get("aot_source") or "")))
     return tuple(out)
 
 

@@ -38,6 +38,10 @@ _DEFAULT_INDEX = "https://pypi.org/simple"
 # Content groups, least often changed first: (group, names it takes). First match wins;
 # what matches none is "rest". Each group is split into ≤ LAYER_LIMIT layers.
 GROUPS: tuple[tuple[str, str], ...] = (
+    # The CUDA compiler and headers (the cuda-toolkit[cccl,crt,nvcc,nvvm] wheels a JIT toolchain
+    # locks): a group of their own, which the runtime leaves out when the builder compiled the
+    # kernels they were locked for (compat/backends.yaml aot_specs): the runtime carries no nvcc.
+    ("toolkit", r"^nvidia-(cuda-nvcc|nvvm|cuda-crt|cuda-cccl)$"),
     ("cuda", r"^nvidia-"),
     ("torch", r"^(torch|torchaudio|torchvision)$"),
     ("compilers", r"^(triton|llvmlite|numba|cuda-bindings|cuda-pathfinder|cuda-python|ninja|xgrammar)$"),

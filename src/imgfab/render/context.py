@@ -298,6 +298,10 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.jit": ",".join(sorted(set(stack.jit))),
         f"{p}.jit.compiles": "; ".join(stack.jit_compiles),
         f"{p}.jit.cache": shapes.JIT_CACHE,
+        # What the builder compiled ahead of time for this GPU (FlashInfer's JIT is disabled at
+        # run time, so a kernel missing here fails the start, naming its module).
+        f"{p}.kernels": "; ".join(stack.aot),
+        f"{p}.kernels.arch": stack.compute_capability if stack.aot_specs else "",
     }
 
 
@@ -365,8 +369,16 @@ def _payload(stack: Stack, lock: Lock | None) -> dict[str, Any]:
         return {"lock_text": text, "installer": "", "layers": [BASE_GROUP], "index": DEFAULT_INDEX}
     # Written from the parsed pins, never copied: no line of the lock file reaches uv as it is,
     # and the installer and the index are compat/payload.yaml's (Lock.bind), not the header's.
+    layers = lock.layers()
+    if stack.aot_specs and not stack.cuda_home:
+        # the builder compiled what the compiler wheels were locked for: the runtime leaves them
+        layers = [layer for layer in layers if not layer.startswith(f"{TOOLKIT_GROUP}-")]
     return {"lock_text": lock.requirements(), "installer": lock.builder_installer(),
-            "layers": lock.layers(), "index": lock.builder_index()}
+            "layers": layers, "index": lock.builder_index()}
+
+
+# The lock's layer group of the CUDA compiler and headers (imgfab.payload.lockfile GROUPS).
+TOOLKIT_GROUP = "toolkit"
 
 
 def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
@@ -414,7 +426,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "recipe_hash": digest,
         "stack": stack.to_dict(),
         "labels": labels,
-        "builder_packages": sorted(profile.builder_packages),
+        # g++ for the kernels the builder compiles (nvcc compiles host code with it)
+        "builder_packages": sorted(set(profile.builder_packages) | ({"g++"} if stack.aot_specs else set())),
         "runtime_packages": runtime_packages,
         "layer_stamp": LAYER_STAMP,
         "layer_forget": LAYER_FORGET,
@@ -447,6 +460,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "cache_volume": shapes.cache_volume(recipe.name),
         "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
         "cuda_view": _cuda_view(stack),
+        "kernels": _kernels(stack),
         "api_key": _api_key_context(recipe, stack),
         "served_name": served_name(recipe) if stack.backend == "vllm"
         else _trtllm().served_model_name(recipe),
@@ -489,6 +503,8 @@ def _build_files(env: jinja2.Environment, context: dict[str, Any], plan: Any) ->
         "imgfab-probe.sh": env.get_template("imgfab-probe.sh.j2").render(context),
         "image.json": json.dumps(context["labels"], indent=2, sort_keys=True) + "\n",
     }
+    if context["kernels"]:
+        files["imgfab-kernels.py"] = (resources.files("imgfab.in_image") / "kernels.py").read_text(encoding="utf-8")
     if plan is not None:
         files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
         files["imgfab-quantize.py"] = env.get_template("imgfab-quantize.py.j2").render(context)
@@ -512,6 +528,14 @@ def in_image_files() -> dict[str, str]:
     for module in PROBE_MODULES:
         files[f"imgfab/in_image/{module}"] = (package / module).read_text(encoding="utf-8")
     return files
+
+
+def _kernels(stack: Stack) -> dict[str, Any] | None:
+    """The kernels stage (the builder compiles FlashInfer's JIT modules for this GPU), or None."""
+    if not stack.aot_specs:
+        return None
+    return {"specs": list(stack.aot_specs), "arch": stack.compute_capability,
+            "home": PAYLOAD_CUDA_HOME, "major": stack.cuda.split(".")[0], "what": "; ".join(stack.aot)}
 
 
 def _cuda_view(stack: Stack) -> dict[str, str] | None:

@@ -107,6 +107,10 @@ class Stack:
     nodes: int = 1  # target.nodes: vLLM on a Ray cluster of this many nodes (tp within, pp across)
     payload_multinode: tuple[str, ...] = ()  # what the payload adds across nodes (backends.yaml)
     fit: str = ""  # the fit check's verdict: "fits: …" with the numbers, or "not checked: …" (stack/fit.py)
+    # FlashInfer JIT specs the builder compiles for this GPU alone ("module:generator"), and
+    # "name: what" per toolchain so compiled (compat/backends.yaml aot_specs)
+    aot_specs: tuple[str, ...] = ()
+    aot: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -312,6 +316,9 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
     unconfirmed += plan.unconfirmed
     notes += [f"runtime carries {name} ({origin}): {reason}"
               for name, origin, reason in zip(plan.jit, plan.origins, plan.reasons)]
+    notes += [f"builder compiles {line} ahead of time, for compute capability {gpu.compute_capability} "
+              "alone (no GPU needed); the runtime compiles none of it (FLASHINFER_DISABLE_JIT=1)"
+              for line in plan.aot]
     sources = sorted({release.source, toolkit.source, image.source, gpu.source, profile.source}
                      | ({rule.source} if rule else set()) | set(plan.sources)
                      | ({torch_row.source} | ({torch_row.fatbin_source} if torch_row.fatbin_source else set())
@@ -353,7 +360,8 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         torch_archs=(tuple(torch_row.sass) + tuple(f"{a}+PTX" for a in torch_row.ptx)) if torch_row else (),
         backend_archs=release.fatbin_sass, image_eol=image.eol,
         cuda_compat="keep" if policy == FORWARD_COMPAT else "drop",
-        notes=tuple(notes), sources=tuple(sources), unconfirmed=tuple(unconfirmed))
+        notes=tuple(notes), sources=tuple(sources), unconfirmed=tuple(unconfirmed),
+        aot_specs=plan.aot_specs, aot=plan.aot)
 
 
 def _payload_toolchain(plan: Any, torch_row: Any, release: BackendRelease) -> tuple[str, ...]:

@@ -2,7 +2,9 @@
 
 Serving JIT-compiles some kernels on its first start: Triton's launcher stub (a C compiler and
 ``Python.h``) for every vLLM image, FlashInfer's kernels (``nvcc``, ``g++``, the CUDA headers)
-where vLLM's sampler or attention backend lands on FlashInfer. ``compat/backends.yaml``
+where vLLM's sampler or attention backend lands on FlashInfer. A toolchain row with
+``aot_specs`` is compiled by the builder instead, for the recipe's GPU alone, into FlashInfer's
+AOT layout: its compilers stay in the builder and the runtime disables FlashInfer's JIT. ``compat/backends.yaml``
 declares both: each backend's base ``runtime_toolchain``, and its ``jit_toolchains``, each with
 the backend releases, GPUs and KV-cache types that need it and where the compiler comes from:
 
@@ -56,9 +58,13 @@ class RuntimePlan:
     sources: tuple[str, ...]
     unconfirmed: tuple[str, ...]
     payload_requirements: tuple[str, ...] = ()  # e.g. "cuda-toolkit[cccl,crt,nvcc,nvvm]"
-    cuda_home: str = ""  # "" when nothing needs nvcc
+    cuda_home: str = ""  # "" when nothing needs nvcc at run time
     compiles: tuple[str, ...] = ()  # what serving compiles at start, one line per toolchain
     origins: tuple[str, ...] = ()  # where each applying toolchain's compiler comes from
+    # compiled ahead of time by the builder (compat/backends.yaml aot_specs): the specs, and
+    # "name: what" per toolchain; their compilers stay in the builder
+    aot_specs: tuple[str, ...] = ()
+    aot: tuple[str, ...] = ()
 
 
 class PayloadToolchainUnavailable(ValueError):
@@ -79,6 +85,15 @@ def runtime_plan(profile: Any, *, backend_version: str, compute_capability: str,
     applying = [j for j in profile.jit_toolchains
                 if j.applies(backend_version, compute_capability, kv_cache_dtype, precision)]
     cuda_home = ""
+    ahead = [j for j in applying if j.aot_specs]
+    for jit in ahead:  # the builder compiles them with the payload's nvcc: the wheels stay locked
+        if cuda_major not in PAYLOAD_TREE_MAJORS:
+            raise PayloadToolchainUnavailable(
+                f"{jit.name} is compiled ahead of time with the payload's nvcc, whose CUDA wheels "
+                f"form one toolkit tree only for CUDA {', '.join(PAYLOAD_TREE_MAJORS)}; this stack "
+                f"is CUDA {cuda_major}")
+        requirements.update(jit.payload_requirements)
+    applying = [j for j in applying if not j.aot_specs]
     for jit in applying:
         if jit.toolchain == "payload":
             if cuda_major not in PAYLOAD_TREE_MAJORS:
@@ -97,11 +112,13 @@ def runtime_plan(profile: Any, *, backend_version: str, compute_capability: str,
     return RuntimePlan(
         flavor=flavor, packages=tuple(sorted(packages)), toolchain=tuple(sorted(toolchain)),
         jit=tuple(j.name for j in applying), reasons=tuple(j.reason for j in applying),
-        sources=tuple(sorted({j.source for j in applying})),
+        sources=tuple(sorted({j.source for j in applying + ahead} | {j.aot_source for j in ahead})),
         unconfirmed=tuple(f"backends {profile.backend} jit {j.name}: {j.reason}"
-                          for j in applying if not j.confirmed),
+                          for j in applying + ahead if not j.confirmed),
         payload_requirements=tuple(sorted(requirements)), cuda_home=cuda_home,
         compiles=tuple(f"{j.name}: {j.compiles}" for j in applying),
         origins=tuple(f"nvcc from the payload's CUDA wheels, CUDA_HOME={PAYLOAD_CUDA_HOME}"
                       if j.toolchain == "payload" else f"nvidia/cuda {j.runtime_flavor}"
-                      for j in applying))
+                      for j in applying),
+        aot_specs=tuple(sorted({spec for j in ahead for spec in j.aot_specs})),
+        aot=tuple(f"{j.name} ({j.compiles.split(', at ')[0]})" for j in ahead))

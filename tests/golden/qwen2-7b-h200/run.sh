@@ -6,7 +6,7 @@
 #        `openssl rand -hex 32 > api-key`; readable by uid 10001, mounted read-only)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-3aafb484ff87}"
+IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-76dbf9583855}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
 if [ ! -s "$API_KEY_FILE" ]; then
@@ -41,7 +41,7 @@ args=(
     --mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/imgfab-api-key,readonly"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"
-    # What serving compiles on its first start (flashinfer-sampler: FlashInfer's top-k/top-p sampling kernels, at the first start's sampler warm-up) is kept in a named
+    # What serving compiles on its first start (Triton launchers) is kept in a named
     # volume, so the next start loads it instead of compiling again.
     --mount "type=volume,source=${CACHE_VOLUME:-imgfab-qwen2-7b-h200-cache},target=/home/imgfab/.cache"
 )
