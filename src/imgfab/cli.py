@@ -672,7 +672,8 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
           extra_mounts: tuple[str, ...], extra_env: tuple[str, ...], network: str,
           cache_volume: str | None, timeout_s: float, no_memlock: bool, pull: bool, quiet: bool,
           as_json: bool) -> None:
-    """Start IMAGE in each run shape with its recipe's settings, wait for health, ask /v1/models,
+    """Start IMAGE in each run shape with its recipe's settings, wait for health, check that every
+    route it lists refuses a request without the API key (but GET /health), ask /v1/models,
     /v1/completions and /v1/chat/completions (streamed), and report each shape."""
     from imgfab.ops.smoke_shapes import smoke_command
     from imgfab.progress import for_command
@@ -711,6 +712,10 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
             started = f"{shape.healthy_after_s:.1f} s" if shape.healthy_after_s is not None else "-"
             click.echo(f"smoke {shape.shape} {state}: healthy after {started}, ttft {shape.ttft_ms} ms, "
                        f"{shape.tokens_per_s} tokens/s, models {', '.join(shape.model_ids) or '-'}")
+            if shape.routes:  # the route table: what each listed route answered without the key
+                click.echo(f"  routes without the key ({len(shape.routes)}):")
+                for route in shape.routes:
+                    click.echo(f"    {route['status'] or '-'} {route['verdict']:<8} {route['method']} {route['path']}")
             for failure in shape.failures:
                 click.echo(f"  {failure}")
         for line in report.notes:

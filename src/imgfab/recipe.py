@@ -8,6 +8,7 @@ errors. The file is never rewritten. :func:`recipe_json_schema` exports the JSON
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import posixpath
@@ -387,6 +388,32 @@ class ServeSpec(_Strict):
     presets: dict[Literal["chat", "long-context"], ServeLimits] = Field(
         default_factory=dict, description="Per-preset scheduler limits over the defaults",
         examples=[{"chat": {"max_num_seqs": 128}}])
+    unauthenticated: bool = Field(
+        False, description="Serve without an API key when none is mounted. Without this the "
+                           "image refuses to start with no key (IMGFAB_ALLOW_UNAUTHENTICATED=1 "
+                           "at run time opts out too); the opt-out is logged at start and shown "
+                           "in the org.imgfab.serve.unauthenticated label. trtllm-serve checks no "
+                           "key at all, so its images need it: put an authenticating proxy in front",
+        examples=[False])
+    metrics_unauthenticated: bool = Field(
+        False, description="vLLM: GET /metrics answers without the API key (a Prometheus "
+                           "scrape); every other route but GET /health still needs it. The "
+                           "metrics share the serving port: admit only the scraper and the "
+                           "clients to it (a NetworkPolicy, a firewall)", examples=[False])
+    publish_address: str = Field(
+        "127.0.0.1", description="The host address run.sh and compose.yaml publish the port on "
+                                 "(HOST_ADDR overrides it at run time): 127.0.0.1 by default, "
+                                 "0.0.0.0 for every interface", examples=["127.0.0.1", "0.0.0.0"])
+
+    @field_validator("publish_address")
+    @classmethod
+    def _publish_address(cls, value: str) -> str:
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError("must be an IPv4 address: 127.0.0.1 (this host only), 0.0.0.0 "
+                             "(every interface) or one interface's address") from None
+        return value
 
     @field_validator("served_model_name")
     @classmethod

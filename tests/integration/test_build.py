@@ -247,19 +247,39 @@ def test_vllm_serves_and_smokes(vllm_image, tmp_path):
     port = free_port()
     name = f"imgfab-test-{uuid.uuid4().hex[:8]}"
     mount = "/models/qwen2-7b"
+    key = tmp_path / "api-key"  # read by the image's user through the bind mount, as run.sh mounts it
+    key.write_text(f"k-{uuid.uuid4().hex}")
+    key.chmod(0o644)
     # The probe checks /dev/shm against the recipe's shm_size (run.sh's --shm-size). run.sh's
     # --ulimit memlock=-1 is left out: this sandboxed engine may not raise RLIMIT_MEMLOCK.
     _docker("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", "--shm-size", "16g",
             "--mount", f"type=bind,source={weights},target={mount},readonly",
+            "--mount", f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly",
             vllm_image["tags"][0])
     try:
-        report = run_smoke(f"http://127.0.0.1:{port}", health_timeout_s=90, poll_interval_s=0.5)
+        report = run_smoke(f"http://127.0.0.1:{port}", health_timeout_s=90, poll_interval_s=0.5,
+                           api_key=key.read_text())
         logs = _docker("logs", name, check=False)
         assert report.passed, (report.failures, logs.stdout[-2000:], logs.stderr[-2000:])
+        # The image's gate (the fake vLLM loads --middleware as vLLM does): every route the
+        # server lists, and the unlisted ones, refuse without the key but GET /health (issue 34).
+        assert [r for r in report.routes if r["verdict"] != "refused"] == [
+            {"method": "GET", "path": "/health", "status": 200, "verdict": "open"}], report.routes
+        assert {"method": "POST", "path": "/invocations", "status": 401, "verdict": "refused"} in report.routes
         # No GPU here: the probe says it cannot check (exit 5) and serving goes on.
         assert "exit 5" in logs.stderr + logs.stdout
     finally:
         _docker("rm", "-f", name, check=False)
+
+
+def test_a_plain_docker_run_without_a_key_refuses_to_start(vllm_image):
+    """`docker run IMAGE` with no key file mounted serves no one: the entrypoint exits 2 in one
+    line naming the fix (issue 34); IMGFAB_ALLOW_UNAUTHENTICATED=1 is the explicit way out."""
+    result = _docker("run", "--rm", "--shm-size", "16g", "--env", "IMGFAB_SKIP_PROBE=1",
+                     vllm_image["tags"][0], check=False)
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert result.stderr.startswith("imgfab: no API key file at /run/secrets/imgfab-api-key"), result.stderr
+    assert result.stderr.count("\n") == 1
 
 
 def test_serving_change_rebuilds_no_builder_step(vllm_image, work, tmp_path):

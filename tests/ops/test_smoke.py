@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -31,9 +32,10 @@ class NoGpu(smoke.GpuMemorySampler):
         return self
 
 
-def start_server(log: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
+def start_server(log: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, str(SERVER), *args], stdout=subprocess.PIPE,
-                            stderr=log.open("w"), text=True)
+                            stderr=log.open("w"), text=True,
+                            env=None if env is None else dict(os.environ, **env))
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("PORT "):
         proc.kill()
@@ -51,8 +53,8 @@ def stop_server(proc: subprocess.Popen[str]) -> None:
 
 
 @contextmanager
-def openai_server(tmp_path: Path, *args: str) -> Iterator[str]:
-    proc, port = start_server(tmp_path / "server.log", "--port", "0", *args)
+def openai_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    proc, port = start_server(tmp_path / "server.log", "--port", "0", *args, env=env)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -425,38 +427,125 @@ def test_smoke_cli_needs_weights_or_synthetic_in_one_line():
     assert bad.returncode == 2 and "--mount" in bad.stderr and bad.stderr.count("\n") == 1
 
 
-# --- the API key (issue 23) ----------------------------------------------------------------
+# --- the API key (issue 23), on every route (issue 34) -------------------------------------
 
-def test_the_client_sends_the_key_and_checks_it_is_enforced(tmp_path):
-    with openai_server(tmp_path, "--api-key", "k-123") as url:
+GATE = "imgfab.in_image.gate.ApiKeyGate"
+
+
+def gated_server(tmp_path: Path, key: str, gate: str = GATE):
+    """The test server as an image of imgfab serves: vLLM's own /v1 check and, in front of every
+    route, the in-image gate reading the key file the entrypoint would."""
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    return openai_server(tmp_path, "--api-key-file", str(key_file), "--middleware", gate,
+                         env={"IMGFAB_API_KEY_FILE": str(key_file)})
+
+
+# The route table of the gated test server, by hand: what its /openapi.json lists, sorted by
+# path, then the routes a FastAPI server serves unlisted; each refused but GET /health.
+GATED_TABLE = [
+    {"method": "POST", "path": "/detokenize", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/health", "status": 200, "verdict": "open"},
+    {"method": "POST", "path": "/invocations", "status": 401, "verdict": "refused"},
+    {"method": "POST", "path": "/tokenize", "status": 401, "verdict": "refused"},
+    {"method": "POST", "path": "/v1/chat/completions", "status": 401, "verdict": "refused"},
+    {"method": "POST", "path": "/v1/completions", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/v1/models", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/v1/responses/{response_id}", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/version", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/metrics", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/openapi.json", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/docs", "status": 401, "verdict": "refused"},
+    {"method": "GET", "path": "/redoc", "status": 401, "verdict": "refused"},
+]
+
+
+def test_the_client_sends_the_key_and_every_listed_route_refuses_without_it(tmp_path):
+    with gated_server(tmp_path, "k-123") as url:
         report = smoke_fast(url, api_key="k-123", completions=True)
         assert report.passed, report.failures
+        assert report.routes == GATED_TABLE
+        assert json.loads(report.to_json())["routes"] == GATED_TABLE
         without = smoke_fast(url)
         assert not without.passed and "401" in without.failures[0]
+
+
+def test_a_server_whose_key_guards_v1_only_fails_listing_each_open_route(tmp_path):
+    """vLLM's own --api-key: /v1 refuses, /invocations generates for anyone (issue 34). The
+    smoke of main e4cd16e asked /v1/models alone and passed this server."""
+    with openai_server(tmp_path, "--api-key", "k-123") as url:
+        report = smoke_fast(url, api_key="k-123")
+    assert not report.passed
+    only = "without the key; only GET /health may"
+    assert report.failures == [
+        f"routes: POST /detokenize answered HTTP 400 {only}",
+        f"routes: POST /invocations answered HTTP 400 {only}",
+        f"routes: POST /tokenize answered HTTP 400 {only}",
+        f"routes: GET /version answered HTTP 200 {only}",
+        f"routes: GET /metrics answered HTTP 200 {only}",
+        f"routes: GET /openapi.json answered HTTP 200 {only}"]
+    assert {r["path"]: r["verdict"] for r in report.routes}["/docs"] == "absent"
+    assert report.answers == [], "a server that answers without the key is not asked further"
 
 
 def test_a_server_that_answers_without_the_key_fails(tmp_path):
     with openai_server(tmp_path) as url:
         report = smoke_fast(url, api_key="k-123")
     assert not report.passed
-    assert report.failures[0].startswith("api key: ") and "serves anyone" in report.failures[0]
+    assert "routes: GET /v1/models answered HTTP 200 without the key; only GET /health may" \
+        in report.failures
+    # a listed route whose handler ran (no such response) is not a refusal
+    assert ("routes: GET /v1/responses/{response_id} answered HTTP 404 without the key; only "
+            "GET /health may") in report.failures
+
+
+def test_the_metrics_opt_in_opens_get_metrics_and_nothing_else(tmp_path):
+    metrics = ("GET", "/metrics")
+    with gated_server(tmp_path, "k-123", "imgfab.in_image.gate.ApiKeyGateOpenMetrics") as url:
+        opted = smoke_fast(url, api_key="k-123", open_routes=frozenset({("GET", "/health"), metrics}))
+        unannounced = smoke_fast(url, api_key="k-123")
+    assert opted.passed, opted.failures
+    assert {"method": "GET", "path": "/metrics", "status": 200, "verdict": "open"} in opted.routes
+    assert unannounced.failures == [
+        "routes: GET /metrics answered HTTP 200 without the key; only GET /health may"]
+
+
+def test_a_server_without_an_openapi_document_fails(tmp_path, monkeypatch):
+    from imgfab.ops import smoke_routes
+
+    monkeypatch.setattr(smoke_routes, "listed_routes", lambda document: (_ for _ in ()).throw(
+        ValueError("it has no 'paths' mapping")))
+    with gated_server(tmp_path, "k-123") as url:
+        report = smoke_fast(url, api_key="k-123")
+    assert report.failures == [
+        f"routes: GET {url}/openapi.json with the key failed (it has no 'paths' mapping): the "
+        f"server's routes cannot be listed, so they cannot be checked without the key"]
+
+
+def test_the_gate_without_its_key_file_serves_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, str(SERVER), "--port", "0", "--middleware", GATE],
+                          env=dict(os.environ, IMGFAB_API_KEY_FILE=str(tmp_path / "absent")),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "PORT" not in proc.stdout
+    assert "no API key file at" in proc.stderr
 
 
 class KeyedShapeEngine(ShapeEngine):
     """Starts the server with the key file mounted where the entrypoint reads it, as the image
-    does: what smoke mounts there is what the server enforces."""
+    does: what smoke mounts there is what the server (vLLM's check and the gate) enforces."""
 
     def run_container(self, image: str, **kwargs):
         from imgfab.render.shapes import API_KEY_FILE
 
         files = [(src, ro) for src, dst, ro in kwargs["mounts"] if dst == API_KEY_FILE]
         self.key_mounts = files
-        args = ["--api-key-file", files[0][0]] if files else []
+        args = ["--api-key-file", files[0][0], "--middleware", GATE] if files else []
         self.runs.append(dict(kwargs))
         (_, (host, port)), = kwargs["ports"].items()
         self.run_kwargs = dict(kwargs, image=image)
         proc, _ = start_server(self.tmp_path / "container.log", "--host", host, "--port",
-                               str(port), *args, *self.server_args)
+                               str(port), *args, *self.server_args,
+                               env={"IMGFAB_API_KEY_FILE": files[0][0]} if files else None)
         return proc
 
 
@@ -469,12 +558,25 @@ def test_every_shape_gets_a_fresh_key_file_that_is_removed(tmp_path, monkeypatch
     report = smoke_shapes("registry.local/llm:1", settings, ("runsh", "k8s"), uid=10001,
                           engine=fake, api_key=True)
     assert report.passed, [r.failures for r in report.shapes]
+    assert [r.routes for r in report.shapes] == [GATED_TABLE, GATED_TABLE]
     ((key_file, read_only),) = fake.key_mounts
     assert read_only and not Path(key_file).exists(), "the key file is removed afterwards"
     assert all(any(m[1] == "/run/secrets/imgfab-api-key" for m in r["mounts"]) for r in fake.runs)
     plain = smoke_shapes("registry.local/llm:1", settings, ("runsh",), uid=10001,
                          engine=KeyedShapeEngine(tmp_path, GOOD_MOUNTS), api_key=False)
     assert plain.passed, [r.failures for r in plain.shapes]
+    assert plain.notes == ["routes not checked without a key: registry.local/llm:1 is given no "
+                           "API key (trtllm-serve checks none)"]
+    assert plain.shapes[0].routes == []
+
+
+def test_the_image_label_opens_metrics_to_smoke():
+    from imgfab.ops.smoke_shapes import open_routes
+
+    assert open_routes({"org.imgfab.serve.metrics_unauthenticated": "true"}) == {
+        ("GET", "/health"), ("GET", "/metrics")}
+    assert open_routes({"org.imgfab.serve.metrics_unauthenticated": "false"}) == {("GET", "/health")}
+    assert open_routes({}) == {("GET", "/health")}
 
 
 class _AbsentEngine:
@@ -511,3 +613,30 @@ def test_smoke_pulls_an_image_the_engine_lacks_and_no_pull_refuses(monkeypatch):
     with pytest.raises(EngineError) as caught:
         smoke_shapes.smoke_command(ref, weights=Path("/nonexistent"), engine=_AbsentEngine(), pull=False)
     assert "not on the engine" in caught.value.one_line() and "s3cret" not in caught.value.one_line()
+
+
+def test_the_smoke_command_prints_each_shape_s_route_table(tmp_path, monkeypatch):
+    """What `imgfab smoke` prints: each route asked without the key, with its status and
+    verdict, under the shape's line (the JSON report carries the same table)."""
+    from click.testing import CliRunner
+
+    from imgfab import cli
+    from imgfab.ops import smoke_shapes
+
+    shape = smoke.SmokeReport(base_url="http://127.0.0.1:1", passed=False, shape="runsh", routes=[
+        {"method": "GET", "path": "/health", "status": 200, "verdict": "open"},
+        {"method": "POST", "path": "/invocations", "status": 200, "verdict": "answered"},
+        {"method": "GET", "path": "/metrics", "status": None, "verdict": "error"}],
+        failures=["routes: POST /invocations answered HTTP 200 without the key; only GET /health may"])
+    report = smoke_shapes.ShapesReport(image="img:1", weights="/w", synthetic=False, shapes=[shape])
+    monkeypatch.setattr(smoke_shapes, "smoke_command", lambda *a, **k: report)
+    weights = tmp_path / "w"
+    weights.mkdir()
+    result = CliRunner().invoke(cli.cli, ["smoke", "img:1", "--weights", str(weights), "--quiet"])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[1:6] == [
+        "  routes without the key (3):",
+        "    200 open     GET /health",
+        "    200 answered POST /invocations",
+        "    - error    GET /metrics",
+        "  routes: POST /invocations answered HTTP 200 without the key; only GET /health may"]

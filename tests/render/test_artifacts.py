@@ -110,11 +110,12 @@ def test_run_sh_argv_argument_by_argument(name, strategy, matrix, tmp_path):
     (call,) = _records(log)
     gpus = recipe.target.count * recipe.target.pipeline_parallel
     port = recipe.serve.port
-    # vLLM: the API key secret is mounted where the entrypoint reads it; trtllm-serve gets no
-    # key, so its port is published on the loopback address only.
-    publish = ["--publish", f"{port}:{port}", "--mount",
-               f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly"] \
-        if recipe.backend.name == "vllm" else ["--publish", f"127.0.0.1:{port}:{port}"]
+    # Every example publishes on the loopback address (serve.publish_address's default). vLLM:
+    # the API key secret is mounted where the entrypoint reads it; trtllm-serve checks no key,
+    # so the caller's IMGFAB_ALLOW_UNAUTHENTICATED is passed on (by name) instead.
+    publish = ["--publish", f"127.0.0.1:{port}:{port}"] + (
+        ["--mount", f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly"]
+        if recipe.backend.name == "vllm" else ["--env", "IMGFAB_ALLOW_UNAUTHENTICATED"])
     expected = ["docker", "run", "--rm", "--name", recipe.name, "--gpus", f"count={gpus}",
                 "--shm-size", recipe.image.shm_size, "--ulimit", "memlock=-1",
                 "--ulimit", "stack=67108864", *publish,
@@ -192,13 +193,18 @@ def test_run_sh_at_start_needs_the_calibration_prompts(matrix, tmp_path):
 # --- entrypoint.sh ---------------------------------------------------------------------------
 
 def _entrypoint(ctx: Path, stubs: Path, log: Path, *args: str, probe_exit: int = 0,
-                preset: str | None = None, wrap: list[str] | None = None) -> subprocess.CompletedProcess:
-    # The probe stub exits with PROBE_EXIT; the other stubs succeed.
+                preset: str | None = None, wrap: list[str] | None = None,
+                **extra: str) -> subprocess.CompletedProcess:
+    # The probe stub exits with PROBE_EXIT; the other stubs succeed. The API key file is
+    # mounted (IMGFAB_API_KEY_FILE) unless ``extra`` says otherwise.
     (stubs / "imgfab-probe").write_text(STUB.replace('"${STUB_EXIT:-0}"', '"${PROBE_EXIT:-0}"'))
     (stubs / "imgfab-probe").chmod(0o755)
-    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(log),
-               PROBE_EXIT=str(probe_exit))
-    env.pop("IMGFAB_PRESET", None)
+    key = ctx.parent / "mounted-api-key"
+    key.write_text("k-123\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("IMGFAB_PRESET", "IMGFAB_ALLOW_UNAUTHENTICATED", "VLLM_API_KEY")}
+    env |= {"PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log),
+            "PROBE_EXIT": str(probe_exit), "IMGFAB_API_KEY_FILE": str(key), **extra}
     if preset:
         env["IMGFAB_PRESET"] = preset
     return subprocess.run([*(wrap or []), "bash", str(ctx / "entrypoint.sh"), *args], env=env,
@@ -256,7 +262,8 @@ def test_entrypoint_hands_the_api_key_file_to_vllm(matrix, tmp_path):
     (tmp_path / "empty").write_text("\n")
     empty = start(tmp_path / "empty")
     assert empty.returncode == 2 and "empty" in empty.stderr and not seen.exists()
-    assert start(tmp_path / "absent").returncode == 0 and seen.read_text() == "unset"
+    absent = start(tmp_path / "absent")  # fail closed: no key file, no server (issue 34)
+    assert absent.returncode == 2 and "no API key file at" in absent.stderr and not seen.exists()
 
 
 def _as_root_with_tmpfs(mount_path: str) -> list[str]:

@@ -34,9 +34,23 @@ _HEALTHCHECK = ('HEALTHCHECK --interval=30s --timeout=5s --start-period=900s --r
                 "urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)\"]\n")
 _USER = "\nUSER 10001:10001\n"  # image.uid's default: never root
 _UNLOCKED = "# not locked: run `imgfab lock RECIPE`; uv --require-hashes refuses this file\n"
-_TRTLLM_PUBLISH = '--publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"'  # no API key: loopback
-_TRTLLM_PORTS = '- "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"'
+# Every example publishes its port on the loopback address (serve.publish_address's default),
+# HOST_ADDR over it (issue 34).
+_PUBLISH = '--publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"'
+_PORTS = '- "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"'
 _API_KEY_MOUNT = '--mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/imgfab-api-key,readonly"'
+_NO_SA_TOKEN = "automountServiceAccountToken: false\n"  # no pod calls the Kubernetes API
+# Fail closed: a vLLM image starts without its key file only where the run opts out; the
+# TensorRT-LLM examples opt out in the recipe (trtllm-serve checks no key), which the label shows.
+_KEYED = ['org.imgfab.serve.unauthenticated="false"', 'org.imgfab.serve.metrics_unauthenticated="false"']
+_OPTED_OUT = ['org.imgfab.serve.unauthenticated="true"']
+_VLLM_FAILS_CLOSED = ['export IMGFAB_ALLOW_UNAUTHENTICATED="${IMGFAB_ALLOW_UNAUTHENTICATED:-0}"\n',
+                      'if [ "$#" -eq 0 ] && [ ! -e "$api_key_file" ]; then\n',
+                      'export IMGFAB_API_KEY_FILE="$api_key_file"\n']
+_TRTLLM_OPTS_OUT = ['export IMGFAB_ALLOW_UNAUTHENTICATED="${IMGFAB_ALLOW_UNAUTHENTICATED:-1}"\n',
+                    'if [ "$#" -eq 0 ]; then\n']
+# vLLM's --api-key guards /v1 only: every server command loads the in-image gate.
+_GATE = "--middleware imgfab.in_image.gate.ApiKeyGate"
 
 # name -> file -> fragments that must be in it. Versions are the full CUDA patch release the
 # matrix resolves; driver floors: CUDA 12.x minor-version compatibility 525.60.13, CUDA 13.x 580,
@@ -46,6 +60,7 @@ _API_KEY_MOUNT = '--mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/
 PINNED: dict[str, dict[str, list[str]]] = {
     "qwen2-7b-h100": {
         "Dockerfile": [
+            *_KEYED,
             "ARG BUILDER_IMAGE=nvidia/cuda:12.8.2-devel-ubuntu24.04\n",
             "ARG RUNTIME_IMAGE=nvidia/cuda:12.8.2-base-ubuntu24.04\n",  # vLLM's wheels bring CUDA
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="chat"\n',
@@ -64,20 +79,21 @@ PINNED: dict[str, dict[str, list[str]]] = {
         ],
         "image.json": ['"org.imgfab.driver.floor": "525.60.13"', '"org.imgfab.gpu.cc": "9.0"'],
         "requirements.lock": ["torch==2.10.0 \\\n    --hash=sha256:", "vllm==0.19.1 \\\n    --hash=sha256:"],
-        "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "32Gi"}',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "32Gi"}',
                      'medium: "Memory"\n            sizeLimit: "16Gi"', "runAsUser: 10001\n",
                      '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["525"]}',
                      '{"key": "nvidia.com/cuda.driver.rev", "operator": "Gt", "values": ["12"]}'],
         # not pinned: the k8s gpu.memory floor (the fit counts every weight at 1 byte, but
-        # online FP8 leaves the embeddings and lm_head in bf16) and the publish address
-        # (vLLM 0.19.1 is inside CVE-2026-48746, an API-key bypass, and the port is published
-        # on every interface behind that key).
-        "compose.yaml": ['shm_size: "16g"', "count: 1\n", 'target: "imgfab-api-key"'],
-        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _API_KEY_MOUNT,
+        # online FP8 leaves the embeddings and lm_head in bf16). vLLM 0.19.1 is inside
+        # CVE-2026-48746, an API-key bypass: the port is published on the loopback address.
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT,
                    '--mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"'],
+        "entrypoint.sh": _VLLM_FAILS_CLOSED,
     },
     "qwen2-7b-h200": {
         "Dockerfile": [
+            *_KEYED,
             "ARG BUILDER_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04\n",
             "ARG RUNTIME_IMAGE=nvidia/cuda:13.0.3-base-ubuntu24.04\n",
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="chat"\n',
@@ -98,21 +114,24 @@ PINNED: dict[str, dict[str, list[str]]] = {
         "image.json": ['"org.imgfab.driver.floor": "580.95.05"', '"org.imgfab.jit": ""',
                        '"org.imgfab.kernels.arch": "9.0"'],
         "requirements.lock": ["torch==2.11.0 \\\n    --hash=sha256:", "vllm==0.26.0 \\\n    --hash=sha256:"],
-        "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "32Gi"}',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "32Gi"}',
                      'medium: "Memory"\n            sizeLimit: "16Gi"', "runAsUser: 10001\n",
                      '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["580"]}',
                      '{"key": "nvidia.com/cuda.driver.minor", "operator": "Gt", "values": ["95"]}',
                      # bf16 weights 15.2 GB + an 8192-token KV cache 0.47 GB, over 0.9: 16638 MiB
                      '{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["16637"]}'],
-        "compose.yaml": ['shm_size: "16g"', "count: 1\n", '- "${HOST_PORT:-8000}:8000"', 'target: "imgfab-api-key"'],
-        # vLLM 0.26.0 is past the API-key bypass (fixed in 0.22.0): every interface, behind the key
-        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", '--publish "${HOST_PORT:-8000}:8000"', _API_KEY_MOUNT],
+        # vLLM 0.26.0 is past the API-key bypass (fixed in 0.22.0), yet published on the
+        # loopback address too: the recipe names no other (serve.publish_address)
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT],
+        "entrypoint.sh": _VLLM_FAILS_CLOSED,
     },
     # The newest stack (issue 32): backend.version unpinned, so the newest vLLM the matrix holds,
     # vLLM 0.33.0 on torch 2.14.0 (CUDA runtime 13.0.3, whose strict floor is 13.0.2's 580.95.05);
     # its payload installs only with the cuda-python family bounded to CUDA 13 (the lock says so).
     "qwen2-7b-b200": {
         "Dockerfile": [
+            *_KEYED,
             "ARG BUILDER_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04\n",
             "ARG RUNTIME_IMAGE=nvidia/cuda:13.0.3-base-ubuntu24.04\n",
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="chat"\n',
@@ -129,16 +148,18 @@ PINNED: dict[str, dict[str, list[str]]] = {
         "requirements.lock": ["torch==2.14.0 \\\n    --hash=sha256:", "vllm==0.33.0 \\\n    --hash=sha256:",
                               # the family bounded to CUDA 13: the metapackage, never the monolith
                               "cuda-python==13.", "cuda-bindings==13."],
-        "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}',
                      '{"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["10"]}',
                      '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["580"]}',
                      # the same model and limits as the H200 recipe: 16638 MiB
                      '{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["16637"]}'],
-        "compose.yaml": ['shm_size: "16g"', "count: 1\n", 'target: "imgfab-api-key"'],
-        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _API_KEY_MOUNT],
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT],
+        "entrypoint.sh": _VLLM_FAILS_CLOSED,
     },
     "llama31-8b-l4": {
         "Dockerfile": [
+            *_KEYED,
             "ARG BUILDER_IMAGE=nvidia/cuda:12.8.2-devel-ubuntu24.04\n",
             "ARG RUNTIME_IMAGE=nvidia/cuda:12.8.2-base-ubuntu24.04\n",
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="long-context"\n',
@@ -153,19 +174,21 @@ PINNED: dict[str, dict[str, list[str]]] = {
         ],
         "image.json": ['"org.imgfab.driver.floor": "570.124.06"', '"org.imgfab.gpu.cc": "8.9"'],
         "requirements.lock": ["torch==2.10.0 \\\n    --hash=sha256:", "vllm==0.19.1 \\\n    --hash=sha256:"],
-        "k8s.yaml": ['limits: {"memory": "24Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "24Gi"}',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "24Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "24Gi"}',
                      'medium: "Memory"\n            sizeLimit: "8Gi"', "runAsUser: 10001\n",
                      '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["570"]}',
                      '{"key": "nvidia.com/cuda.driver.minor", "operator": "Gt", "values": ["124"]}',
                      # bf16 weights 16.1 GB + a 16384-token KV cache 2 GiB, over 0.92: 18875 MiB
                      '{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["18874"]}'],
-        # not pinned: the publish address (vLLM 0.19.1, CVE-2026-48746; see qwen2-7b-h100)
-        "compose.yaml": ['shm_size: "8g"', "count: 1\n", 'target: "imgfab-api-key"'],
-        "run.sh": ["--gpus count=1\n", "--shm-size 8g\n", _API_KEY_MOUNT,
+        # vLLM 0.19.1 (CVE-2026-48746; see qwen2-7b-h100): the loopback address
+        "compose.yaml": ['shm_size: "8g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
+        "run.sh": ["--gpus count=1\n", "--shm-size 8g\n", _PUBLISH, _API_KEY_MOUNT,
                    '--mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly"'],
+        "entrypoint.sh": _VLLM_FAILS_CLOSED,
     },
     "mistral-7b-a100-trtllm": {
         "Dockerfile": [
+            *_OPTED_OUT,
             "ARG BUILDER_IMAGE=nvidia/cuda:13.1.2-devel-ubuntu24.04\n",
             # TensorRT-LLM compiles kernels at run time: the runtime is the devel image, with nvcc
             "ARG RUNTIME_IMAGE=nvidia/cuda:13.1.2-devel-ubuntu24.04\n", "CUDA_HOME=/usr/local/cuda \\\n",
@@ -184,18 +207,20 @@ PINNED: dict[str, dict[str, list[str]]] = {
         "image.json": ['"org.imgfab.driver.floor": "580"', '"org.imgfab.tp": "2"'],
         "requirements.lock": [_UNLOCKED],  # NVIDIA's index does not answer here: not buildable
         "installer.lock": ["# no installer pinned: not locked\n"],
-        "k8s.yaml": ['limits: {"memory": "64Gi", "nvidia.com/gpu": "2"}', 'requests: {"cpu": "8", "memory": "64Gi"}',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "64Gi", "nvidia.com/gpu": "2"}', 'requests: {"cpu": "8", "memory": "64Gi"}',
                      'medium: "Memory"\n            sizeLimit: "32Gi"', "runAsUser: 10001\n",
                      '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["579"]}',
                      '{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1"]}',
                      # bf16 weights 14.5 GB + an 8192-token KV cache 1 GiB over 2 GPUs, over 0.9
                      '{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["8249"]}'],
-        "compose.yaml": ['shm_size: "32g"', "count: 2\n", _TRTLLM_PORTS],
-        "run.sh": ["--gpus count=2\n", "--shm-size 32g\n", _TRTLLM_PUBLISH,
+        "compose.yaml": ['shm_size: "32g"', "count: 2\n", _PORTS],
+        "run.sh": ["--gpus count=2\n", "--shm-size 32g\n", _PUBLISH,
                    '--mount "type=bind,source=${WEIGHTS_DIR},target=/models/mistral-7b,readonly"'],
+        "entrypoint.sh": _TRTLLM_OPTS_OUT,
     },
     "llama31-8b-h100-fp8-engine": {
         "Dockerfile": [
+            *_OPTED_OUT,
             "ARG BUILDER_IMAGE=nvidia/cuda:13.1.2-devel-ubuntu24.04\n",
             "ARG RUNTIME_IMAGE=nvidia/cuda:13.1.2-devel-ubuntu24.04\n",
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"',
@@ -217,16 +242,18 @@ PINNED: dict[str, dict[str, list[str]]] = {
         "requirements.lock": [_UNLOCKED],
         # not pinned: the k8s gpu.memory floor (FP8 leaves the embeddings and lm_head in bf16,
         # which the fit counts at 1 byte a weight).
-        "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'medium: "Memory"\n            sizeLimit: "16Gi"',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'medium: "Memory"\n            sizeLimit: "16Gi"',
                      '{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}',
                      '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["579"]}',
                      'claimName: "llama31-8b-h100-fp8-engine-engines"'],
-        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _TRTLLM_PORTS],
-        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _TRTLLM_PUBLISH,
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH,
                    "target=/var/cache/imgfab/engines\""],
+        "entrypoint.sh": _TRTLLM_OPTS_OUT,
     },
     "qwen2-7b-l40s-awq-engine": {
         "Dockerfile": [
+            *_OPTED_OUT,
             "ARG BUILDER_IMAGE=nvidia/cuda:13.1.2-devel-ubuntu24.04\n",
             "ARG RUNTIME_IMAGE=nvidia/cuda:13.1.2-devel-ubuntu24.04\n",
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"',
@@ -245,12 +272,13 @@ PINNED: dict[str, dict[str, list[str]]] = {
         "requirements.lock": [_UNLOCKED],
         # not pinned: the k8s gpu.memory floor (INT4-AWQ checkpoints keep the embeddings and
         # lm_head in fp16, about 2 GB for Qwen2-7B, which the fit counts at half a byte a weight).
-        "k8s.yaml": ['limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'medium: "Memory"\n            sizeLimit: "16Gi"',
+        "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'medium: "Memory"\n            sizeLimit: "16Gi"',
                      '{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L40S"]}',
                      'claimName: "qwen2-7b-l40s-awq-engine-engines"'],
-        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _TRTLLM_PORTS],
-        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _TRTLLM_PUBLISH,
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH,
                    "target=/var/cache/imgfab/engines\""],
+        "entrypoint.sh": _TRTLLM_OPTS_OUT,
     },
 }
 # The buildable TensorRT-LLM context: the same recipe and facts, locked (real hashes, the
@@ -272,31 +300,32 @@ PINNED[FAKE]["Dockerfile"] = PINNED["mistral-7b-a100-trtllm"]["Dockerfile"] + [
     "COPY --link --from=builder /opt/imgfab/layers/vllm-1/ /\n"]
 
 # name -> (the recipe's default preset, the start of its server command, "flag value" pairs in
-# it, flags it must not carry). vLLM takes kebab-case flags, trtllm-serve snake_case.
+# it, flags it must not carry). vLLM takes kebab-case flags, trtllm-serve snake_case; trtllm-serve
+# has no middleware option (its images start only where the recipe or the run opts out).
 SERVED: dict[str, tuple[str, str, list[str], list[str]]] = {
     "qwen2-7b-h100": ("chat", "exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 ",
-                      ["--tensor-parallel-size 1", "--max-model-len 32768", "--gpu-memory-utilization 0.9",
+                      [_GATE, "--tensor-parallel-size 1", "--max-model-len 32768", "--gpu-memory-utilization 0.9",
                        "--dtype bfloat16", "--quantization fp8", "--kv-cache-dtype fp8"], []),
     "qwen2-7b-h200": ("chat", "exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 ",
-                      ["--tensor-parallel-size 1", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
+                      [_GATE, "--tensor-parallel-size 1", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
                        "--dtype bfloat16"], ["--quantization", "--kv-cache-dtype"]),
     "qwen2-7b-b200": ("chat", "exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 ",
-                      ["--tensor-parallel-size 1", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
+                      [_GATE, "--tensor-parallel-size 1", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
                        "--dtype bfloat16"], ["--quantization", "--kv-cache-dtype"]),
     "llama31-8b-l4": ("long-context", "exec vllm serve /models/llama3.1-8b --served-model-name llama3.1-8b "
                       "--host 0.0.0.0 --port 8000 ",
-                      ["--tensor-parallel-size 1", "--max-model-len 16384", "--gpu-memory-utilization 0.92",
+                      [_GATE, "--tensor-parallel-size 1", "--max-model-len 16384", "--gpu-memory-utilization 0.92",
                        "--max-num-seqs 8", "--dtype bfloat16"], ["--quantization", "--kv-cache-dtype"]),
     "mistral-7b-a100-trtllm": ("chat", "exec trtllm-serve /models/mistral-7b --host 0.0.0.0 --port 8000 --backend pytorch ",
                                ["--tp_size 2", "--pp_size 1", "--max_batch_size 128", "--max_seq_len 8192",
-                                "--kv_cache_free_gpu_memory_fraction 0.9"], ["--tokenizer"]),
+                                "--kv_cache_free_gpu_memory_fraction 0.9"], ["--tokenizer", "--middleware"]),
     # the engine path serves the refitted engine from the cache volume, the tokenizer from the weights
     "llama31-8b-h100-fp8-engine": ("chat", "exec trtllm-serve /var/cache/imgfab/engines/", [
         "--backend tensorrt", "--tp_size 1", "--max_batch_size 64", "--max_seq_len 8192",
-        "--tokenizer /models/llama3.1-8b"], []),
+        "--tokenizer /models/llama3.1-8b"], ["--middleware"]),
     "qwen2-7b-l40s-awq-engine": ("chat", "exec trtllm-serve /var/cache/imgfab/engines/", [
         "--backend tensorrt", "--tp_size 1", "--max_batch_size 32", "--max_seq_len 4096",
-        "--tokenizer /models/qwen2-7b"], []),
+        "--tokenizer /models/qwen2-7b"], ["--middleware"]),
 }
 SERVED[FAKE] = SERVED["mistral-7b-a100-trtllm"]
 

@@ -182,7 +182,8 @@ exit 0
 
 def _entry(tmp_path: Path, role: str | None, wait_exit: int = 0, **extra: str):
     """Run the rendered entrypoint with recording stubs for the probe, ray, python3 (the
-    cluster wait, exiting ``wait_exit``) and vllm; (result, the calls as argv lists)."""
+    cluster wait, exiting ``wait_exit``) and vllm, the API key file mounted unless ``extra``
+    says otherwise; (result, the calls as argv lists)."""
     import os
 
     stubs = tmp_path / "bin"
@@ -193,9 +194,13 @@ def _entry(tmp_path: Path, role: str | None, wait_exit: int = 0, **extra: str):
         (stubs / name).chmod(0o755)
     log = tmp_path / "calls"
     log.unlink(missing_ok=True)
+    key = tmp_path / "mounted-api-key"
+    key.write_text("k-123\n")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("IMGFAB_ROLE", "IMGFAB_LEADER_ADDRESS", "LWS_LEADER_ADDRESS", "IMGFAB_PRESET")}
-    env |= {"PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log), **extra}
+           if k not in ("IMGFAB_ROLE", "IMGFAB_LEADER_ADDRESS", "LWS_LEADER_ADDRESS", "IMGFAB_PRESET",
+                        "IMGFAB_ALLOW_UNAUTHENTICATED")}
+    env |= {"PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log),
+            "IMGFAB_API_KEY_FILE": str(key), **extra}
     if role:
         env["IMGFAB_ROLE"] = role
     result = subprocess.run(["bash", str(tmp_path / "ctx" / "entrypoint.sh")], env=env,
@@ -219,6 +224,13 @@ def test_entrypoint_leader_waits_for_the_cluster_then_serves_on_ray(tmp_path):
     assert vllm[vllm.index("--distributed-executor-backend") + 1] == "ray"
 
 
+def test_entrypoint_leader_without_a_key_refuses_before_ray_starts(tmp_path):
+    _render(tmp_path)
+    result, records = _entry(tmp_path, "leader", IMGFAB_API_KEY_FILE=str(tmp_path / "absent"))
+    assert result.returncode == 2 and "no API key file at" in result.stderr
+    assert [r[0] for r in records] == ["imgfab-probe"]
+
+
 def test_entrypoint_leader_stops_when_the_cluster_does_not_form(tmp_path):
     _render(tmp_path)
     result, records = _entry(tmp_path, "leader", wait_exit=1)
@@ -228,7 +240,9 @@ def test_entrypoint_leader_stops_when_the_cluster_does_not_form(tmp_path):
 
 def test_entrypoint_worker_joins_the_leader_and_blocks(tmp_path):
     _render(tmp_path)
-    result, records = _entry(tmp_path, "worker", LWS_LEADER_ADDRESS="lws-0.lws")
+    # a worker serves nothing: it needs no API key (the fail-closed check is the leader's)
+    result, records = _entry(tmp_path, "worker", LWS_LEADER_ADDRESS="lws-0.lws",
+                             IMGFAB_API_KEY_FILE=str(tmp_path / "absent"))
     assert result.returncode == 0, result.stderr
     assert records[-1] == ["ray", "start", "--address=lws-0.lws:6379", "--num-gpus=8", "--block",
                            "--disable-usage-stats"]

@@ -124,15 +124,16 @@ def test_every_golden_directory_is_compared():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_in_image_files_are_the_package_source(path, matrix):
     """What every image carries of imgfab is byte for byte the imgfab.in_image source: the
-    probe, its facts and rules under imgfab/in_image/ (with a stub imgfab/__init__.py), and
-    the stage script as imgfab-stage.py; nothing else of the package."""
+    probe, its facts and rules, the cluster wait and the API-key gate under imgfab/in_image/
+    (with a stub imgfab/__init__.py), and the stage script as imgfab-stage.py; nothing else of
+    the package."""
     import imgfab.in_image as in_image
 
     source = Path(in_image.__file__).parent
     files = {name: text for name, text in _render(path, matrix).items() if _from_source(name)}
     expected = {"imgfab-stage.py": (source / "stage.py").read_text()}
     expected |= {f"imgfab/in_image/{p.name}": p.read_text()
-                 for p in sorted(source.glob("*.py")) if p.name in ("__init__.py", "cluster.py", "facts.py", "fit.py", "probe.py", "rules.py")}
+                 for p in sorted(source.glob("*.py")) if p.name in ("__init__.py", "cluster.py", "facts.py", "fit.py", "gate.py", "probe.py", "rules.py")}
     stub = files.pop("imgfab/__init__.py")
     assert stub.startswith('"""') and "import" not in stub
     assert files == expected

@@ -4,6 +4,9 @@
 
 1. polls ``GET /health`` every ``poll_interval_s`` until it answers 200, failing at
    ``health_timeout_s`` (or at once if ``alive()`` says the server process is gone);
+   with an ``api_key``, asks every route the server lists without it
+   (:mod:`imgfab.ops.smoke_routes`): each must refuse but ``GET /health``, and the route table
+   goes into the report;
 2. lists ``GET /v1/models`` and picks ``model`` (default: the first listed);
 3. sends each prompt as a streaming chat completion (``stream_options.include_usage``) and
    measures time to first token and decode speed; one more non-streaming chat completion
@@ -42,6 +45,7 @@ import requests
 
 from imgfab.render import shapes
 from imgfab.errors import EngineError
+from imgfab.ops.smoke_routes import OPEN_ROUTES, check_routes
 from imgfab.render.shapes import Shape
 
 DEFAULT_PROMPTS = (
@@ -61,12 +65,14 @@ class SmokeReport:
     ``ttft_ms`` is the median time to first token over the streamed requests;
     ``tokens_per_s`` the decode rate (tokens after the first, over the time after the first,
     summed over the streamed requests); ``peak_gpu_memory_bytes`` one peak per GPU that NVML
-    on this host sees (empty when NVML is not available: see ``notes``).
+    on this host sees (empty when NVML is not available: see ``notes``). ``routes``: what each
+    route answered without the API key (:class:`imgfab.ops.smoke_routes.RouteCheck` as a dict).
     """
 
     base_url: str
     passed: bool = False
     healthy_after_s: float | None = None
+    routes: list[dict[str, Any]] = field(default_factory=list)
     model_ids: list[str] = field(default_factory=list)
     model: str | None = None
     answers: list[str] = field(default_factory=list)
@@ -241,9 +247,12 @@ def run_smoke(base_url: str, *, model: str | None = None,
               request_timeout_s: float = 120.0, completions: bool = False,
               api_key: str | None = None, alive: Callable[[], bool] | None = None,
               gpu_sampler: GpuMemorySampler | None = None,
-              extra_body: dict[str, Any] | None = None) -> SmokeReport:
+              extra_body: dict[str, Any] | None = None,
+              open_routes: frozenset[tuple[str, str]] = OPEN_ROUTES) -> SmokeReport:
     """Smoke-test the server at ``base_url`` (``http://host:port``, no ``/v1``).
 
+    ``api_key``: sent as ``Authorization: Bearer``; every listed route but ``open_routes``
+    must refuse a request without it (the server is not asked further when one answers).
     ``alive``: returns False once the server process is gone (stops the health wait early).
     ``gpu_sampler``: defaults to NVML on this host, if importable. ``extra_body``: merged into
     every generation request (``{"ignore_eos": True}`` for a random-weight model, so each
@@ -259,8 +268,13 @@ def run_smoke(base_url: str, *, model: str | None = None,
         if why:
             report.failures.append(why)
             return report
-        if api_key and not _key_enforced(session, report, request_timeout_s):
-            return report
+        if api_key:
+            table, failures = check_routes(session, base_url, api_key, open_routes=open_routes,
+                                           timeout_s=request_timeout_s)
+            report.routes = [asdict(route) for route in table]
+            if failures:
+                report.failures += failures
+                return report
         if not _list_models(session, report, model, headers, request_timeout_s):
             return report
         sampler = gpu_sampler or GpuMemorySampler()
@@ -272,22 +286,6 @@ def run_smoke(base_url: str, *, model: str | None = None,
             report.notes.append(sampler.error)
     report.passed = not report.failures
     return report
-
-
-def _key_enforced(session: requests.Session, report: SmokeReport, timeout_s: float) -> bool:
-    """A server started with an API key refuses ``/v1/models`` without it (401 or 403)."""
-    url = f"{report.base_url}/v1/models"
-    try:
-        status = session.get(url, timeout=timeout_s).status_code
-    except requests.RequestException as exc:
-        report.failures.append(f"api key: GET {url} without the key failed: {' '.join(str(exc).split())}")
-        return False
-    if status not in (401, 403):
-        served = ": the endpoint serves anyone" if 200 <= status < 300 else ""
-        report.failures.append(f"api key: GET {url} without the key answered HTTP {status}, "
-                               f"not 401 or 403{served}")
-        return False
-    return True
 
 
 def _list_models(session: requests.Session, report: SmokeReport, model: str | None,
@@ -394,6 +392,7 @@ class RunSettings:
     network: str | None = None  # "host": no port publishing, the server is reached on its port
     extra_body: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None  # sent as Authorization: Bearer; its absence must be refused
+    open_routes: frozenset[tuple[str, str]] = OPEN_ROUTES  # answer without the key (smoke_routes)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -438,7 +437,7 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
                            poll_interval_s=settings.poll_interval_s,
                            completions=settings.completions, api_key=settings.api_key,
                            alive=lambda: engine.container_running(container),
-                           extra_body=settings.extra_body)
+                           extra_body=settings.extra_body, open_routes=settings.open_routes)
         report.shape, report.noexec = mounts.shape, mounts.noexec
         report.failures[:0] = mounts.failures
         report.notes += mounts.notes

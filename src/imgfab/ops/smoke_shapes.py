@@ -36,6 +36,7 @@ from imgfab.render.shapes import SHAPES
 from imgfab.errors import EngineError, RecipeError
 from imgfab.ops.smoke import RunSettings, SmokeReport, smoke_image
 from imgfab.ops.smoke_fit import weights_fit
+from imgfab.ops.smoke_routes import METRICS, OPEN_ROUTES
 
 SYNTHETIC_NOTE = ("synthetic weights: a random-weight {architecture} with a generated tokenizer "
                   "(imgfab.ops.synthetic_model), made inside the image; this proves the image starts, "
@@ -124,7 +125,8 @@ def smoke_shapes(image: str, settings: RunSettings, names: list[str] | tuple[str
     """Smoke-test ``image`` in each shape of ``names`` (:data:`imgfab.render.shapes.SHAPES`), in that
     order. ``cache_volume``: the JIT cache volume run.sh and compose share (None: a fresh one,
     removed afterwards). ``api_key`` (a vLLM image): each shape gets a fresh key file where the
-    run artifacts mount it, the client sends it, and a server that answers without it fails."""
+    run artifacts mount it, the client sends it, and a server with a listed route that answers
+    without it fails; without one, the routes are not checked (the report says so)."""
     engine = engine or importlib.import_module("imgfab.docker.engine")
     report = ShapesReport(image=image, weights=synthetic_note or weights, synthetic=bool(synthetic_note))
     volume = cache_volume or f"imgfab-smoke-{uuid.uuid4().hex[:8]}-cache"
@@ -134,6 +136,9 @@ def smoke_shapes(image: str, settings: RunSettings, names: list[str] | tuple[str
         key_dir = key_path.parent
         settings = replace(settings, api_key=key,
                            mounts=(*settings.mounts, (str(key_path), shapes.API_KEY_FILE, True)))
+    else:
+        report.notes.append(f"routes not checked without a key: {image} is given no API key "
+                            f"(trtllm-serve checks none)")
     try:
         for name in names:
             shape = shapes.shape(name, uid=uid, cache=volume)
@@ -147,6 +152,14 @@ def smoke_shapes(image: str, settings: RunSettings, names: list[str] | tuple[str
             except EngineError as exc:
                 report.notes.append(f"cache volume {volume} not removed: {exc.one_line()}")
     return report
+
+
+def open_routes(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
+    """The routes an image answers without its key: GET /health, and GET /metrics where the
+    recipe opted in (``org.imgfab.serve.metrics_unauthenticated``)."""
+    if labels.get("org.imgfab.serve.metrics_unauthenticated") == "true":
+        return OPEN_ROUTES | {METRICS}
+    return OPEN_ROUTES
 
 
 def synthetic_directory() -> Path:
@@ -165,7 +178,9 @@ def build_smoke(image: str, recipe: Any, options: Any) -> dict[str, Any]:
     settings = RunSettings(gpus=gpus, shm_size=recipe.image.shm_size, ulimits=ulimits,
                            mounts=((str(Path(options.weights).resolve()),
                                     recipe.model.mount_path, True),),
-                           container_port=recipe.serve.port, completions=True)
+                           container_port=recipe.serve.port, completions=True,
+                           open_routes=OPEN_ROUTES | ({METRICS} if recipe.serve.metrics_unauthenticated
+                                                      else set()))
     report = smoke_shapes(image, settings, SHAPES, uid=recipe.image.uid,
                           weights=str(options.weights), api_key=recipe.backend.name == "vllm")
     return {"passed": report.passed,
@@ -236,7 +251,8 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
             mounts=((str(Path(weights).resolve()), labels["org.imgfab.model.mount"], True), *mounts),
             env=dict(env or {}), devices=tuple(devices), network=network,
             container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
-            completions=True, extra_body=dict(SYNTHETIC_BODY) if directory is not None else {})
+            completions=True, extra_body=dict(SYNTHETIC_BODY) if directory is not None else {},
+            open_routes=open_routes(labels))
         report = smoke_shapes(image, settings, shapes, uid=uid, cache_volume=cache_volume,
                               engine=engine, weights=str(weights), synthetic_note=note,
                               api_key=labels.get("org.imgfab.backend") == "vllm")

@@ -26,6 +26,7 @@ import jinja2
 
 from imgfab import __version__
 from imgfab.errors import RecipeError
+from imgfab.in_image import gate
 from imgfab.in_image.stage import BASE_GROUP
 from imgfab.matrix.compat import Matrix
 from imgfab.payload.lock import Lock, requirement_pins, served_stack
@@ -50,8 +51,9 @@ def _trtllm() -> Any:
 
 
 LABEL_PREFIX = "org.imgfab"
-# Files of the imgfab package copied into every image so the probe runs the resolver's rules.
-PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py", "cluster.py")  # of imgfab.in_image
+# Files of the imgfab package copied into every image (of imgfab.in_image): the probe and the
+# resolver's rules it runs, the multi-node leader's cluster wait, and the API-key gate vLLM loads.
+PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py", "cluster.py", "gate.py")
 # The label LeaderWorkerSet puts on each pod of a group, the leader's "0"
 # (kubernetes-sigs/lws@v0.10.0:api/leaderworkerset/v1/leaderworkerset_types.go, WorkerIndexLabelKey).
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -294,6 +296,10 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.fit.serving": serving_of(recipe, stack.precision).label(),
         f"{p}.fit.facts": declared_facts(recipe).label(),
         f"{p}.serve.port": str(recipe.serve.port),
+        # The recipe's opt-outs of the API key (issue 34): serving without one when none is
+        # mounted, and vLLM's GET /metrics without it (smoke reads the second).
+        f"{p}.serve.unauthenticated": "true" if recipe.serve.unauthenticated else "false",
+        f"{p}.serve.metrics_unauthenticated": "true" if recipe.serve.metrics_unauthenticated else "false",
         # What serving compiles on its first start, and where it keeps it (compat/backends.yaml).
         f"{p}.jit": ",".join(sorted(set(stack.jit))),
         f"{p}.jit.compiles": "; ".join(stack.jit_compiles),
@@ -314,12 +320,20 @@ def served_name(recipe: Recipe) -> str:
 
 
 def _api_key_context(recipe: Recipe, stack: Stack) -> dict[str, str] | None:
-    """The API key secret the run artifacts mount (vLLM), or None: trtllm-serve is given no key
-    (imgfab checks no key option of it), so its artifacts publish the port on 127.0.0.1 only."""
+    """The API key secret the run artifacts mount (vLLM), or None: trtllm-serve checks no key,
+    so its image starts only where the recipe or the run opts out (serve.unauthenticated,
+    IMGFAB_ALLOW_UNAUTHENTICATED=1), with an authenticating proxy in front."""
     if stack.backend != "vllm":
         return None
     return {"file": shapes.API_KEY_FILE, "name": shapes.API_KEY_FILE.rsplit("/", 1)[1],
             "k8s_secret": f"{recipe.name}-api-key", "k8s_key": "api-key"}
+
+
+def gate_middleware(recipe: Recipe) -> str:
+    """The ASGI middleware vLLM loads with ``--middleware`` (:mod:`imgfab.in_image.gate`): every
+    route but GET /health needs the key, GET /metrics too unless serve.metrics_unauthenticated."""
+    cls = gate.ApiKeyGateOpenMetrics if recipe.serve.metrics_unauthenticated else gate.ApiKeyGate
+    return f"{gate.__name__}.{cls.__name__}"
 
 
 def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
@@ -332,6 +346,8 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
         if stack.backend == "vllm":
             argv = ["vllm", "serve", mount, "--served-model-name", name, "--host", "0.0.0.0",
                     "--port", str(recipe.serve.port),
+                    # vLLM's --api-key guards /v1 only: the gate guards every route
+                    "--middleware", gate_middleware(recipe),
                     "--tensor-parallel-size", str(stack.tensor_parallel),
                     "--pipeline-parallel-size", str(stack.pipeline_parallel),
                     "--max-model-len", str(max_len),
@@ -462,6 +478,11 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "cuda_view": _cuda_view(stack),
         "kernels": _kernels(stack),
         "api_key": _api_key_context(recipe, stack),
+        # Fail closed (issue 34): the entrypoint's default for IMGFAB_ALLOW_UNAUTHENTICATED, and
+        # where run.sh and compose.yaml publish the port (HOST_ADDR overrides it).
+        "unauthenticated": recipe.serve.unauthenticated,
+        "metrics_unauthenticated": recipe.serve.metrics_unauthenticated,
+        "publish_address": recipe.serve.publish_address,
         "served_name": served_name(recipe) if stack.backend == "vllm"
         else _trtllm().served_model_name(recipe),
     }

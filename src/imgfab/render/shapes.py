@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from imgfab.in_image import gate
+
 HOME = "/home/imgfab"
 # XDG_CACHE_HOME of the image: Hugging Face, vLLM (torch.compile), FlashInfer's JIT cache,
 # and Triton's cache (TRITON_CACHE_DIR points here too).
@@ -25,9 +27,9 @@ TRITON_CACHE = f"{JIT_CACHE}/triton"
 # Where serving writes code it then loads (dlopen / exec): torch Inductor works under /tmp.
 CODE_PATHS = ("/tmp", HOME, JIT_CACHE)
 SHAPES = ("runsh", "compose", "k8s")
-# Where every shape mounts the API key file (a Docker secret's path, a k8s Secret's subPath);
-# the entrypoint reads it into VLLM_API_KEY.
-API_KEY_FILE = "/run/secrets/imgfab-api-key"
+# Where every shape mounts the API key file (a Docker secret's path, a k8s Secret's subPath):
+# the entrypoint reads it into VLLM_API_KEY, and the in-image gate reads it in the server.
+API_KEY_FILE = gate.API_KEY_FILE
 
 
 def cache_volume(recipe_name: str) -> str:

@@ -2,12 +2,14 @@
 # Rendered by imgfab 0.1.0: run llama31-8b-h100-fp8-engine with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
-#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1: trtllm-serve is
-#        given no API key, so put an authenticating proxy in front before publishing it wider)
+#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1, the recipe's
+#        serve.publish_address; 0.0.0.0 for every interface)
+#        [IMGFAB_ALLOW_UNAUTHENTICATED=1] (trtllm-serve checks no API key: the image starts only
+#        with this, which the recipe sets (serve.unauthenticated); put an authenticating proxy in front)
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-d58b2d01791d}"
+IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-d14810566c1b}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 no_comma() {
     case "$1" in
@@ -33,7 +35,9 @@ args=(
     --gpus count=1
     --shm-size 16g
     --ulimit memlock=-1 --ulimit stack=67108864
+    # Published on 127.0.0.1 (serve.publish_address) unless HOST_ADDR names another address.
     --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"
+    --env IMGFAB_ALLOW_UNAUTHENTICATED
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly"
     # What serving compiles on its first start (Triton launchers) is kept in a named

@@ -4,9 +4,11 @@
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        API_KEY_FILE=/path/to/api-key (the key clients send as Authorization: Bearer KEY, e.g.
 #        `openssl rand -hex 32 > api-key`; readable by uid 10001, mounted read-only)
+#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1, the recipe's
+#        serve.publish_address; 0.0.0.0 for every interface)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-ab25077117ab}"
+IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-dba5a6ab8f67}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
 if [ ! -s "$API_KEY_FILE" ]; then
@@ -37,7 +39,8 @@ args=(
     --gpus count=1
     --shm-size 8g
     --ulimit memlock=-1 --ulimit stack=67108864
-    --publish "${HOST_PORT:-8000}:8000"
+    # Published on 127.0.0.1 (serve.publish_address) unless HOST_ADDR names another address.
+    --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"
     --mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/imgfab-api-key,readonly"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-long-context}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly"

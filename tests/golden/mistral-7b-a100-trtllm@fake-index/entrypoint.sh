@@ -40,6 +40,19 @@ if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
     esac
 fi
 
+# --- Fail closed (issue 34) ---
+# trtllm-serve checks no API key: the image's own server command starts only where the run or
+# the recipe opts out (the recipe does: serve.unauthenticated), with an authenticating proxy in front.
+export IMGFAB_ALLOW_UNAUTHENTICATED="${IMGFAB_ALLOW_UNAUTHENTICATED:-1}"
+if [ "$#" -eq 0 ]; then
+    if [ "$IMGFAB_ALLOW_UNAUTHENTICATED" != 1 ]; then
+        echo "imgfab: trtllm-serve checks no API key, so every route would answer anyone who reaches port 8000: put an authenticating proxy in front and set IMGFAB_ALLOW_UNAUTHENTICATED=1 (recipe: serve.unauthenticated: true)" >&2
+        exit 2
+    fi
+    echo "imgfab: IMGFAB_ALLOW_UNAUTHENTICATED=1: serving without an API key; every route answers anyone who reaches port 8000" >&2
+fi
+# --- end fail closed ---
+
 if [ "$#" -gt 0 ]; then
     exec -- "$@"
 fi

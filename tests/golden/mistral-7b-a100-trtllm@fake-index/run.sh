@@ -2,11 +2,13 @@
 # Rendered by imgfab 0.1.0: run mistral-7b-a100-trtllm with the settings it was built for.
 # Usage: WEIGHTS_DIR=/path/to/weights [IMAGE=ref] [IMGFAB_PRESET=chat|long-context] [HOST_PORT=port]
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
-#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1: trtllm-serve is
-#        given no API key, so put an authenticating proxy in front before publishing it wider)
+#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1, the recipe's
+#        serve.publish_address; 0.0.0.0 for every interface)
+#        [IMGFAB_ALLOW_UNAUTHENTICATED=1] (trtllm-serve checks no API key: the image starts only
+#        with this, which the recipe sets (serve.unauthenticated); put an authenticating proxy in front)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-90763d773408}"
+IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-47e557e9c224}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"
 no_comma() {
     case "$1" in
@@ -31,7 +33,9 @@ args=(
     --gpus count=2
     --shm-size 32g
     --ulimit memlock=-1 --ulimit stack=67108864
+    # Published on 127.0.0.1 (serve.publish_address) unless HOST_ADDR names another address.
     --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"
+    --env IMGFAB_ALLOW_UNAUTHENTICATED
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/mistral-7b,readonly"
     # What serving compiles on its first start (Triton launchers) is kept in a named

@@ -4,9 +4,11 @@
 #        [CACHE_VOLUME=name] (the compiled-kernel cache volume, kept across runs)
 #        API_KEY_FILE=/path/to/api-key (the key clients send as Authorization: Bearer KEY, e.g.
 #        `openssl rand -hex 32 > api-key`; readable by uid 10001, mounted read-only)
+#        [HOST_ADDR=address] (where the port is published; default 127.0.0.1, the recipe's
+#        serve.publish_address; 0.0.0.0 for every interface)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.33.0-cu13.0.3-sm100-dde42c402f95}"
+IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.33.0-cu13.0.3-sm100-78593c3229ce}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
 if [ ! -s "$API_KEY_FILE" ]; then
@@ -37,7 +39,8 @@ args=(
     --gpus count=1
     --shm-size 16g
     --ulimit memlock=-1 --ulimit stack=67108864
-    --publish "${HOST_PORT:-8000}:8000"
+    # Published on 127.0.0.1 (serve.publish_address) unless HOST_ADDR names another address.
+    --publish "${HOST_ADDR:-127.0.0.1}:${HOST_PORT:-8000}:8000"
     --mount "type=bind,source=${API_KEY_FILE},target=/run/secrets/imgfab-api-key,readonly"
     --env "IMGFAB_PRESET=${IMGFAB_PRESET:-chat}"
     --mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"

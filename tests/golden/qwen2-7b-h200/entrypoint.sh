@@ -42,9 +42,11 @@ fi
 
 # The API key clients send (Authorization: Bearer KEY), from the secret file run.sh,
 # compose.yaml and k8s.yaml mount: vLLM takes VLLM_API_KEY when no --api-key is given and then
-# refuses /v1 requests without it; /health stays open for the probes
-# (vllm-project/vllm:vllm/entrypoints/openai/api_server.py, build_app).
+# refuses /v1 requests without it (vllm-project/vllm:vllm/entrypoints/openai/api_server.py,
+# build_app). The gate the server command loads (--middleware imgfab.in_image.gate) reads the
+# same file and refuses every route without it but GET /health.
 api_key_file="${IMGFAB_API_KEY_FILE:-/run/secrets/imgfab-api-key}"
+export IMGFAB_API_KEY_FILE="$api_key_file"
 if [ -e "$api_key_file" ]; then
     VLLM_API_KEY="$(cat -- "$api_key_file")"
     if [ -z "$VLLM_API_KEY" ]; then
@@ -54,16 +56,29 @@ if [ -e "$api_key_file" ]; then
     export VLLM_API_KEY
 fi
 
+# --- Fail closed (issue 34) ---
+# No key file: the server would answer anyone who reaches its port, so the image's own server
+# command does not start without one, unless IMGFAB_ALLOW_UNAUTHENTICATED=1 opts out.
+export IMGFAB_ALLOW_UNAUTHENTICATED="${IMGFAB_ALLOW_UNAUTHENTICATED:-0}"
+if [ "$#" -eq 0 ] && [ ! -e "$api_key_file" ]; then
+    if [ "$IMGFAB_ALLOW_UNAUTHENTICATED" != 1 ]; then
+        echo "imgfab: no API key file at $api_key_file, and without one every route answers anyone: mount the key there (run.sh and compose: API_KEY_FILE=path; k8s: the Secret qwen2-7b-h200-api-key), or set IMGFAB_ALLOW_UNAUTHENTICATED=1 to serve without a key" >&2
+        exit 2
+    fi
+    echo "imgfab: IMGFAB_ALLOW_UNAUTHENTICATED=1: serving without an API key; every route answers anyone who reaches port 8000" >&2
+fi
+# --- end fail closed ---
+
 if [ "$#" -gt 0 ]; then
     exec -- "$@"
 fi
 
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 --enable-chunked-prefill --enable-prefix-caching --dtype bfloat16
+        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --middleware imgfab.in_image.gate.ApiKeyGate --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 --enable-chunked-prefill --enable-prefix-caching --dtype bfloat16
         ;;
     long-context)
-        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 16 --max-num-batched-tokens 32768 --enable-chunked-prefill --no-enable-prefix-caching --dtype bfloat16
+        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --middleware imgfab.in_image.gate.ApiKeyGate --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 16 --max-num-batched-tokens 32768 --enable-chunked-prefill --no-enable-prefix-caching --dtype bfloat16
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2

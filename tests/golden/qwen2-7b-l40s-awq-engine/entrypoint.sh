@@ -40,22 +40,35 @@ if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then
     esac
 fi
 
+# --- Fail closed (issue 34) ---
+# trtllm-serve checks no API key: the image's own server command starts only where the run or
+# the recipe opts out (the recipe does: serve.unauthenticated), with an authenticating proxy in front.
+export IMGFAB_ALLOW_UNAUTHENTICATED="${IMGFAB_ALLOW_UNAUTHENTICATED:-1}"
+if [ "$#" -eq 0 ]; then
+    if [ "$IMGFAB_ALLOW_UNAUTHENTICATED" != 1 ]; then
+        echo "imgfab: trtllm-serve checks no API key, so every route would answer anyone who reaches port 8000: put an authenticating proxy in front and set IMGFAB_ALLOW_UNAUTHENTICATED=1 (recipe: serve.unauthenticated: true)" >&2
+        exit 2
+    fi
+    echo "imgfab: IMGFAB_ALLOW_UNAUTHENTICATED=1: serving without an API key; every route answers anyone who reaches port 8000" >&2
+fi
+# --- end fail closed ---
+
 if [ "$#" -gt 0 ]; then
     exec -- "$@"
 fi
 
 # The TensorRT engine lives in the cache volume under its key (GPU compute capability,
 # TensorRT, TensorRT-LLM, recipe hash); .imgfab-ready marks a complete one, reused afterwards.
-engine_dir=/var/cache/imgfab/engines/a7b80b5a01d2699cd74082cb085f044e336b220495b07431fef0ebbe55f35f86/qwen2-7b-awq
+engine_dir=/var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq
 if [ ! -f "$engine_dir/.imgfab-ready" ]; then
     rm -rf "$engine_dir"
-    mkdir -p /var/cache/imgfab/engines/a7b80b5a01d2699cd74082cb085f044e336b220495b07431fef0ebbe55f35f86
+    mkdir -p /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0
     # Refit the weight-stripped engine with the weights of the checkpoint it was built from.
-    if [ ! -f /models/qwen2-7b/imgfab-trtllm/a7b80b5a01d2699c/checkpoint/config.json ]; then
-        echo "imgfab: no TensorRT-LLM checkpoint at /models/qwen2-7b/imgfab-trtllm/a7b80b5a01d2699c/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
+    if [ ! -f /models/qwen2-7b/imgfab-trtllm/229b857df9c46c56/checkpoint/config.json ]; then
+        echo "imgfab: no TensorRT-LLM checkpoint at /models/qwen2-7b/imgfab-trtllm/229b857df9c46c56/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
         exit 2
     fi
-    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/qwen2-7b/imgfab-trtllm/a7b80b5a01d2699c/checkpoint --output_dir /var/cache/imgfab/engines/a7b80b5a01d2699cd74082cb085f044e336b220495b07431fef0ebbe55f35f86/qwen2-7b-awq
+    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/qwen2-7b/imgfab-trtllm/229b857df9c46c56/checkpoint --output_dir /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq
     if [ ! -d "$engine_dir" ]; then
         echo "imgfab: no engine at $engine_dir after the refit" >&2
         exit 1
@@ -65,10 +78,10 @@ fi
 
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec trtllm-serve /var/cache/imgfab/engines/a7b80b5a01d2699cd74082cb085f044e336b220495b07431fef0ebbe55f35f86/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 32 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
+        exec trtllm-serve /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 32 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
         ;;
     long-context)
-        exec trtllm-serve /var/cache/imgfab/engines/a7b80b5a01d2699cd74082cb085f044e336b220495b07431fef0ebbe55f35f86/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
+        exec trtllm-serve /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2
