@@ -809,6 +809,10 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           compression: str | None, lock_file: str | None, retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     _json("build", as_json)
+    if sign_key and push:  # before the first step: a key that is not its owner's alone is refused
+        from imgfab.supply.cosign import private_key
+
+        private_key(Path(sign_key))
     if lock_file and len(recipes) != 1:
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="build one recipe per --lock")
@@ -1125,9 +1129,10 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
     from imgfab.supply.promote import promote as promote_image
 
     _json("promote", as_json)
-    if sign_key and not Path(sign_key).is_file():
-        raise RecipeError(f"{sign_key} is not a file", field="--sign-key",
-                          fix="give a cosign private key (cosign generate-key-pair)")
+    if sign_key:  # before anything is copied: a key that is not its owner's alone is refused
+        from imgfab.supply.cosign import private_key
+
+        private_key(Path(sign_key))
     done = promote_image(image, target, sign_key=Path(sign_key) if sign_key else None, retag=retag)
     if as_json:
         _emit("promote", **done.to_dict())
