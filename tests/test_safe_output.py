@@ -233,3 +233,25 @@ def test_an_internal_error_s_line_has_no_controls(tmp_path):
 def test_a_redacted_error_line_is_still_one_line():
     assert RecipeError(f'password="{SECRET}\\"\nx', field="f").one_line() == "f: password=***"
     assert redact(f"x password='{SECRET}") == "x password=***"
+
+
+def test_resolve_s_report_prints_its_lines_without_controls(capsys):
+    from dataclasses import replace
+
+    from imgfab.matrix.compat import load_matrix
+    from imgfab.recipe import load_recipe
+    from imgfab.report import print_resolution
+    from imgfab.stack.resolve import resolve
+
+    resolution = resolve(load_recipe(FROZEN_RECIPES / "qwen2-7b-h100.yaml"), load_matrix(FROZEN_COMPAT))
+    print_resolution(replace(resolution, stack=replace(resolution.stack, notes=("from \x1b[31mred\r weights",))))
+    out = capsys.readouterr().out
+    assert "note: from red weights\n" in out and not _raw_controls(out)
+
+
+def test_the_build_log_prints_the_engine_s_lines_without_controls(capsys):
+    from imgfab.docker.build import BuildProgress
+
+    with BuildProgress("qwen2-7b-h100", rich_ui=False) as log:
+        log.line(f"#5 [2/3] RUN \x1b[31mecho\r --password={SECRET}")
+    assert capsys.readouterr().err == "#5 [2/3] RUN echo --password=***\n"
