@@ -77,13 +77,15 @@ def test_redact_values_walks_every_container_and_stringifies_the_rest():
 
 
 def test_a_built_image_s_json_is_redacted_value_by_value():
+    """An unterminated quoted secret: redacted over serialized text, it would take the rest of
+    the object with it."""
     from imgfab.docker.build import BuiltImage
 
-    built = BuiltImage(recipe="r", context="c", image_id="sha256:1", tags=[f'x password="{SECRET}\\"'],
+    built = BuiltImage(recipe="r", context="c", image_id="sha256:1", tags=[f"x token='{SECRET}"],
                        size_bytes=1, duration_s=1.0, steps=1, cached_steps=0, cached_by_stage={},
                        base_images={"b": f'https://u:{SECRET}"@h/i'}, verify={})
     shown = built.to_dict()
-    assert shown["tags"] == ["x password=***"] and shown["base_images"] == {"b": "https://u:***@h/i"}
+    assert shown["tags"] == ["x token=***"] and shown["base_images"] == {"b": "https://u:***@h/i"}
 
 
 def _recipe(tmp_path: Path, name: str, **changes) -> Path:
