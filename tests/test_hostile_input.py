@@ -67,25 +67,28 @@ def _tensor(shape: str) -> bytes:
     return b'{"w": {"dtype": "BF16", "shape": ' + shape.encode() + b', "data_offsets": [0, 0]}}'
 
 
-# (case, weights directory arguments, what the one line says after "<dir>/")
+# (case, weights directory arguments, what the one line says; {d}: the directory)
 HOSTILE_WEIGHTS = [
-    ("deep config.json", dict(config=_deep(100_000)), "config.json nests deeper than 64 levels"),
+    ("deep config.json", dict(config=_deep(100_000)), "{d}/config.json nests deeper than 64 levels"),
     ("config.json 65 levels", dict(config=json.dumps({**QWEN_CONFIG, "x": json.loads(_deep(64))})),
-     "config.json nests deeper than 64 levels"),
+     "{d}/config.json nests deeper than 64 levels"),
     ("5,000-digit config.json", dict(config='{"num_hidden_layers": ' + "9" * 5000 + "}"),
-     "config.json has a number of 5000 digits, above the bound of 40"),
+     "{d}/config.json has a number of 5000 digits, above the bound of 40"),
     ("41-digit float in config.json", dict(config='{"rope_theta": 1.' + "0" * 40 + "}"),
-     "config.json has a number of 41 digits, above the bound of 40"),
+     "{d}/config.json has a number of 41 digits, above the bound of 40"),
+    ("hidden_size below the heads",
+     dict(config=json.dumps({**QWEN_CONFIG, "hidden_size": 9}), header=_tensor("[1000]")),
+     "config.json hidden_size 9 is smaller than its 28 attention heads, so a head has no size"),
     ("header length 2**63", dict(header=b"{}", length=2**63),
-     "model.safetensors claims a 9223372036854775808-byte header, above the bound of 104857600 bytes"),
+     "{d}/model.safetensors claims a 9223372036854775808-byte header, above the bound of 104857600 bytes"),
     ("shape whose product overflows", dict(header=_tensor(json.dumps([2**62] * 20))),
-     "model.safetensors: tensor 'w' claims more than 1000000000000000 parameters, the bound"),
+     "{d}/model.safetensors: tensor 'w' claims more than 1000000000000000 parameters, the bound"),
     ("one dimension past the bound", dict(header=_tensor(json.dumps([10**15 + 1]))),
-     "model.safetensors: tensor 'w' claims more than 1000000000000000 parameters, the bound"),
+     "{d}/model.safetensors: tensor 'w' claims more than 1000000000000000 parameters, the bound"),
     ("5,000-digit dimension", dict(header=_tensor("[" + "7" * 5000 + "]")),
-     "model.safetensors's header has a number of 5000 digits, above the bound of 40"),
+     "{d}/model.safetensors's header has a number of 5000 digits, above the bound of 40"),
     ("deep header", dict(header=_tensor(_deep(50_000))),
-     "model.safetensors's header nests deeper than 64 levels"),
+     "{d}/model.safetensors's header nests deeper than 64 levels"),
 ]
 
 
@@ -95,7 +98,7 @@ def test_resolve_refuses_hostile_weights_in_one_line_exit_2(tmp_path, case, weig
     result = _imgfab("resolve", str(_recipe_without_facts(tmp_path)), "--weights", str(directory),
                      "--compat-dir", str(FROZEN_COMPAT))
     assert result.returncode == 2, result.stderr
-    assert result.stderr == f"imgfab: --weights: {directory}/{said}; {FIX}\n"
+    assert result.stderr == f"imgfab: --weights: {said.format(d=directory)}; {FIX}\n"
     assert result.stdout == ""
 
 

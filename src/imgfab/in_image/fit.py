@@ -117,6 +117,9 @@ def facts_from_config(config: dict) -> ModelFacts:
     hidden = _positive(config, "hidden_size")
     if head is None and hidden is not None and heads:
         head = hidden // heads
+        if not head:  # a head of no width holds no KV cache: no fit could be judged
+            raise FactsError(f"config.json hidden_size {hidden} is smaller than its "
+                             f"{heads} attention heads, so a head has no size")
     return ModelFacts(layers=_positive(config, "num_hidden_layers"), attention_heads=heads,
                       kv_heads=kv, head_size=head,
                       max_positions=_positive(config, "max_position_embeddings"))
