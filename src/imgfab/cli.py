@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from imgfab import interrupts
-from imgfab.errors import ImgfabError, RecipeError
+from imgfab.errors import ImgfabError, RecipeError, printable
 from imgfab.render.shapes import SHAPES
 
 
@@ -33,8 +33,14 @@ def _fail(error: ImgfabError) -> None:
         from imgfab.output import error_object
 
         _emit(_STATE.json_command, exit_code=error.exit_code, error=error_object(error))
-    click.echo(f"imgfab: {error.one_line()}", err=True)
+    _say(f"imgfab: {error.one_line()}", err=True)
     sys.exit(error.exit_code)
+
+
+def _say(text: str, *, err: bool = False, nl: bool = True) -> None:
+    """Print ``text`` for a person (stdout, or stderr with ``err``) without a terminal control:
+    file names, registry text and server answers are untrusted (:func:`imgfab.errors.printable`)."""
+    click.echo(printable(text), err=err, nl=nl)
 
 
 def _json(command: str, as_json: bool) -> bool:
@@ -67,7 +73,7 @@ def _exit_with(command: str, as_json: bool, code: int, message: str, field: str,
     error.exit_code = code
     if as_json:
         _emit_failure(command, error, **fields)
-    click.echo(f"imgfab: {error.one_line()}", err=True)
+    _say(f"imgfab: {error.one_line()}", err=True)
     sys.exit(code)
 
 
@@ -227,9 +233,9 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
     if as_json:
         _emit("render", recipe=recipe, output=str(target), files=sorted(files), locked=lock is not None)
     else:
-        click.echo(f"rendered {len(files)} files into {target}")
+        _say(f"rendered {len(files)} files into {target}")
     if lock is None:
-        click.echo(f"imgfab: note: {target}/requirements.lock is not locked (the committed lock is "
+        _say(f"imgfab: note: {target}/requirements.lock is not locked (the committed lock is "
                    f"missing, stale or refused): this context does not build", err=True)
 
 
@@ -295,9 +301,9 @@ def schema(kind: str, output: str | None, as_json: bool) -> None:
     if as_json:
         _emit("schema", of=kind, output=output, schema=None if output else document)
     elif output:
-        click.echo(f"wrote {output}")
+        _say(f"wrote {output}")
     else:
-        click.echo(text, nl=False)
+        _say(text, nl=False)
 
 
 @cli.command()
@@ -315,7 +321,7 @@ def bases(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) -> No
         _emit("bases", images=sorted(refs))
         return
     for ref in sorted(refs):
-        click.echo(ref)
+        _say(ref)
 
 
 def _ask(value: str | None, flag: str, prompt: str, *, default: str | None = None,
@@ -390,10 +396,10 @@ def init(model: str | None, revision: str | None, gpu: str | None, driver: str |
     if as_json:
         _emit("init", recipe=str(target), stack=stack.to_dict())
         return
-    click.echo(f"wrote {target}: {recipe.name} resolves to {stack.backend} {stack.backend_version}, "
+    _say(f"wrote {target}: {recipe.name} resolves to {stack.backend} {stack.backend_version}, "
                f"CUDA {stack.cuda} on {stack.os}, driver floor {stack.driver_floor} "
                f"({recipe.target.driver_policy})")
-    click.echo(f"next: imgfab lock {target} && imgfab build {target}")
+    _say(f"next: imgfab lock {target} && imgfab build {target}")
 
 
 @cli.command()
@@ -422,9 +428,9 @@ def validate(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) ->
             errors = [error_object(error)]
         checked.append({"path": path, "ok": not errors, "errors": errors})
         if not as_json:
-            click.echo(f"{path}: ok" if not errors else f"{path}: {len(errors)} problem(s)")
+            _say(f"{path}: ok" if not errors else f"{path}: {len(errors)} problem(s)")
             for error in errors:
-                click.echo(f"  {error['line']}")
+                _say(f"  {error['line']}")
     failed = [c["path"] for c in checked if not c["ok"]]
     if failed:
         _exit_with("validate", as_json, 2, f"{len(failed)} of {len(checked)} recipes fail: "
@@ -471,9 +477,9 @@ def list_recipes(directory: str, as_json: bool, compat_dir: str | None) -> None:
         return
     for row in rows:
         if row["error"]:
-            click.echo(f"{row['path']}: {row['error']['line']}")
+            _say(f"{row['path']}: {row['error']['line']}")
         else:
-            click.echo(f"{row['path']}: {row['model']} on {row['gpu']}, {row['backend']}, "
+            _say(f"{row['path']}: {row['model']} on {row['gpu']}, {row['backend']}, "
                        f"{row['precision']}; lock {row['lock']}")
 
 
@@ -492,7 +498,7 @@ def explain(field: str | None, as_json: bool) -> None:
             raise RecipeError("explain --json answers one field", field="FIELD",
                               fix="e.g. imgfab explain engine.quantization --json")
         for path, info in fields.items():
-            click.echo(f"{path}: {info['description']}")
+            _say(f"{path}: {info['description']}")
         return
     info = fields.get(field.strip())
     if info is None:
@@ -503,12 +509,12 @@ def explain(field: str | None, as_json: bool) -> None:
     if as_json:
         _emit("explain", field=field, **info)
         return
-    click.echo(f"{field}: {info['description']}")
+    _say(f"{field}: {info['description']}")
     for key in ("type", "choices", "default", "examples"):
         if info.get(key) not in (None, []):
-            click.echo(f"  {key}: {json.dumps(info[key], ensure_ascii=False)}")
+            _say(f"  {key}: {json.dumps(info[key], ensure_ascii=False)}")
     for typed, (exact, meaning) in sorted(ALIASES.get(field, {}).items()):
-        click.echo(f"  {typed!r} is written {exact} ({meaning})" if exact else f"  {typed!r}: {meaning}")
+        _say(f"  {typed!r} is written {exact} ({meaning})" if exact else f"  {typed!r}: {meaning}")
 
 
 def _host_gpu(driver: str | None, gpu: str | None):
@@ -600,20 +606,20 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
                            **c.rejection()} for c in candidates])
     elif explain:
         if host.seen:
-            click.echo(f"host: {host.gpu} (cc {host.compute_capability}), driver {host.driver}; "
+            _say(f"host: {host.gpu} (cc {host.compute_capability}), driver {host.driver}; "
                        f"read from {host.seen}")
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
             pull = f" (pull needs {candidate.pull_requires})" if candidate.pull_requires else ""
-            click.echo(f"{mark} {candidate.tag}: {candidate.reason()}{pull}")
+            _say(f"{mark} {candidate.tag}: {candidate.reason()}{pull}")
     if error is not None:
         raise error
     if not as_json:
         if best.pull_note():  # stderr: stdout stays the one reference scripts read
-            click.echo(f"note: {best.pull_note()}", err=True)
+            _say(f"note: {best.pull_note()}", err=True)
         for line in advisories:
-            click.echo(f"advisory: {line}", err=True)
-        click.echo(best.image.reference)
+            _say(f"advisory: {line}", err=True)
+        _say(best.image.reference)
 
 
 def _mount_option(value: str) -> tuple[str, str, bool]:
@@ -706,20 +712,20 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
         _emit("smoke", **fields)
     else:
         if report.synthetic:
-            click.echo(f"weights: {report.weights}")
+            _say(f"weights: {report.weights}")
         for shape in report.shapes:
             state = "passed" if shape.passed else "FAILED"
             started = f"{shape.healthy_after_s:.1f} s" if shape.healthy_after_s is not None else "-"
-            click.echo(f"smoke {shape.shape} {state}: healthy after {started}, ttft {shape.ttft_ms} ms, "
+            _say(f"smoke {shape.shape} {state}: healthy after {started}, ttft {shape.ttft_ms} ms, "
                        f"{shape.tokens_per_s} tokens/s, models {', '.join(shape.model_ids) or '-'}")
             if shape.routes:  # the route table: what each listed route answered without the key
                 click.echo(f"  routes without the key ({len(shape.routes)}):")
                 for route in shape.routes:
                     click.echo(f"    {route['status'] or '-'} {route['verdict']:<8} {route['method']} {route['path']}")
             for failure in shape.failures:
-                click.echo(f"  {failure}")
+                _say(f"  {failure}")
         for line in report.notes:
-            click.echo(f"note: {line}")
+            _say(f"note: {line}")
     sys.exit(0 if report.passed else 1)
 
 
@@ -752,7 +758,7 @@ def doctor(image: str | None, as_json: bool) -> None:
         _emit("doctor", **fields)
     else:
         for finding in findings:
-            click.echo(finding.line())
+            _say(finding.line())
     sys.exit(code)
 
 
@@ -808,6 +814,10 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
           compression: str | None, lock_file: str | None, retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     _json("build", as_json)
+    if sign_key and push:  # before the first step: a key that is not its owner's alone is refused
+        from imgfab.supply.cosign import private_key
+
+        private_key(Path(sign_key))
     if lock_file and len(recipes) != 1:
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="build one recipe per --lock")
@@ -817,7 +827,7 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         if as_json:
             _emit("build", images=[], bake=str(written), not_built=[])
         else:
-            click.echo(f"wrote {written}")
+            _say(f"wrote {written}")
         return
     from imgfab.docker.build import BuildOptions, BuildProgress, build_recipe
 
@@ -854,15 +864,15 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         images.append({"path": path, "ok": True, **built.to_dict()})
         if not as_json:
             cached = ", ".join(f"{stage} {c}/{n}" for stage, (c, n) in built.cached_by_stage.items())
-            click.echo(f"built {built.tags[0]} ({built.image_id[:19]}, "
+            _say(f"built {built.tags[0]} ({built.image_id[:19]}, "
                        f"{built.size_bytes / 1e6:.0f} MB, {built.duration_s:.1f}s; cached: {cached})")
             if built.pushed:
-                click.echo(f"pushed {built.pushed}")
+                _say(f"pushed {built.pushed}")
             if built.publish:
-                click.echo(f"deploy bundle {built.publish['bundle']} "
+                _say(f"deploy bundle {built.publish['bundle']} "
                            f"({'signed, SBOM and provenance attested' if built.publish['signed'] else 'unsigned'})")
                 for note in built.publish.get("notes", []):
-                    click.echo(f"note: {note}", err=True)
+                    _say(f"note: {note}", err=True)
     if as_json:
         _emit("build", images=images, bake=None, not_built=[])
 
@@ -957,16 +967,16 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
             if as_json:
                 continue
             if result.note:
-                click.echo(f"{result.recipe}: lock current{compared}; {result.note}")
+                _say(f"{result.recipe}: lock current{compared}; {result.note}")
             else:
-                click.echo(f"{result.recipe}: lock current{compared}")
+                _say(f"{result.recipe}: lock current{compared}")
             for note in notes:
-                click.echo(f"  advisory: {note}")
+                _say(f"  advisory: {note}")
         missing = (f"missing or stale: {'; '.join(failed)}", "lock",
                    "run `imgfab lock RECIPE` and commit the lock")
         if refused:  # exit 2 wins; a missing or stale lock beside it still gets its line
             if failed:
-                click.echo(f"imgfab: {ImgfabError(*missing[:1], field='lock', fix=missing[2]).one_line()}",
+                _say(f"imgfab: {ImgfabError(*missing[:1], field='lock', fix=missing[2]).one_line()}",
                            err=True)
             _exit_with("lock", as_json, 2, f"refused, cannot build: {', '.join(refused)}", "lock",
                        "lock them where their indexes answer, or pass --allow-refused to accept "
@@ -999,7 +1009,7 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
         except CompatibilityError as error:  # recorded in the lock; the other recipes go on
             from imgfab.output import error_object
 
-            click.echo(f"imgfab: {error.one_line()}", err=True)
+            _say(f"imgfab: {error.one_line()}", err=True)
             refused.append(error)
             locks.append({"path": path, "lock": None, "written": None, "packages": None,
                           "diff": [], "error": error_object(error), "advisories": []})
@@ -1012,15 +1022,15 @@ def lock(recipes: tuple[str, ...], check: bool, online: bool, allow_refused: boo
         if as_json:
             continue
         if not result.written:
-            click.echo(f"{result.path}: current ({len(result.lock.packages)} packages)")
+            _say(f"{result.path}: current ({len(result.lock.packages)} packages)")
         else:
-            click.echo(f"wrote {result.path} ({len(result.lock.packages)} packages)")
+            _say(f"wrote {result.path} ({len(result.lock.packages)} packages)")
             for line in result.diff:
-                click.echo(f"  {line}")
+                _say(f"  {line}")
             if not result.diff:
-                click.echo("  no package changed")
+                _say("  no package changed")
         for note in notes:
-            click.echo(f"  advisory: {note}")
+            _say(f"  advisory: {note}")
     _refuse_advisories(as_json, blocked, check=False, locks=locks)
     if refused:
         if as_json:
@@ -1074,9 +1084,9 @@ def compat_refresh(compat_dir: str, payload_cache: str, no_fatbin: bool, payload
         _emit("compat refresh", compat_dir=compat_dir, changes=list(changes))
         return
     for line in changes:
-        click.echo(line)
+        _say(line)
     if not changes:
-        click.echo(f"{compat_dir}: already matches PyPI's metadata; nothing changed")
+        _say(f"{compat_dir}: already matches PyPI's metadata; nothing changed")
 
 
 @cli.command()
@@ -1103,12 +1113,12 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
     with for_command(quiet=quiet) as progress:
         pushed = push_to_registry(image, target, credentials=credentials, attempts=attempts,
                                   retag=retag, progress=progress,
-                                  on_line=lambda line: click.echo(line, err=True)
+                                  on_line=lambda line: _say(line, err=True)
                                   if line.startswith(("retrying", "--retag")) else None)
     if as_json:
         _emit("push", image=image, target=target, pushed=pushed)
     else:
-        click.echo(pushed)
+        _say(pushed)
 
 
 @cli.command()
@@ -1124,14 +1134,15 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
     from imgfab.supply.promote import promote as promote_image
 
     _json("promote", as_json)
-    if sign_key and not Path(sign_key).is_file():
-        raise RecipeError(f"{sign_key} is not a file", field="--sign-key",
-                          fix="give a cosign private key (cosign generate-key-pair)")
+    if sign_key:  # before anything is copied: a key that is not its owner's alone is refused
+        from imgfab.supply.cosign import private_key
+
+        private_key(Path(sign_key))
     done = promote_image(image, target, sign_key=Path(sign_key) if sign_key else None, retag=retag)
     if as_json:
         _emit("promote", **done.to_dict())
     else:
-        click.echo(done.promoted)
+        _say(done.promoted)
 
 
 def _write_bake(recipes: tuple[str, ...], output: str, *, mirror: str | None, registry: str | None,
@@ -1170,7 +1181,7 @@ def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_hos
     if as_json:
         _emit("bake", output=str(written), recipes=list(recipes))
     else:
-        click.echo(f"wrote {written}")
+        _say(f"wrote {written}")
 
 
 @cli.group()
@@ -1199,9 +1210,9 @@ def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | No
         _emit("ci github", workflow=text,
               left_out=[{"path": str(p), "refused": str(left_out[p])} for p in sorted(left_out)])
     else:
-        click.echo(text, nl=False)
+        _say(text, nl=False)
     for path in sorted(left_out):
-        click.echo(f"imgfab: note: ci github: left out {path}: its lock records a refusal, it "
+        _say(f"imgfab: note: ci github: left out {path}: its lock records a refusal, it "
                    f"cannot build; fix: lock it where its indexes answer", err=True)
 
 
@@ -1219,7 +1230,7 @@ def _interrupted(interrupt: KeyboardInterrupt) -> None:
     if _STATE.json_command and not _STATE.emitted:
         _emit_failure(_STATE.json_command, _coded(ImgfabError(
             f"stopped by {interrupts.signal_name(interrupt)}", fix="run the command again"), code))
-    click.echo(f"imgfab: stopped by {interrupts.signal_name(interrupt)}", err=True)
+    _say(f"imgfab: stopped by {interrupts.signal_name(interrupt)}", err=True)
     sys.exit(code)
 
 
@@ -1255,13 +1266,13 @@ def main() -> None:
     except click.exceptions.Abort as error:
         if isinstance(error.__cause__, KeyboardInterrupt):  # click's wrapping of a signal
             _interrupted(error.__cause__)
-        click.echo("imgfab: aborted", err=True)
+        _say("imgfab: aborted", err=True)
         sys.exit(1)
     except click.ClickException as error:  # usage errors: one line, exit 2, like ours
         line = _usage_line(error)
         if "--json" in sys.argv[1:]:
             _json_usage_error(error, line)
-        click.echo(f"imgfab: {line}", err=True)
+        _say(f"imgfab: {line}", err=True)
         sys.exit(2)
     except KeyboardInterrupt as interrupt:
         _interrupted(interrupt)
@@ -1272,7 +1283,7 @@ def main() -> None:
                 "(run with --debug for the traceback)")
         if _STATE.json_command and not _STATE.emitted:
             _emit_failure(_STATE.json_command, _coded(ImgfabError(line), 1))
-        click.echo(f"imgfab: {line}", err=True)
+        _say(f"imgfab: {line}", err=True)
         sys.exit(1)
 
 

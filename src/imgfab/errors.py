@@ -7,9 +7,14 @@ registry, the network). Each error renders as one line: ``<field>: <what>; <fix>
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # C0/C1 control characters and DEL: a message never carries a terminal escape.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# What printable() removes: a terminal's escape sequences whole (CSI, OSC to its BEL or ST,
+# any other ESC and its final byte), then the controls left but tab and newline.
+_ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[ -/]*[0-~])")
+_TERMINAL_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # The password of a URL's user info: scheme://user:PASSWORD@host (to the last @ of the
 # authority, so a raw @ in the password does not leave its tail behind).
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)[^\s/?#]+@")
@@ -21,10 +26,14 @@ _SECRETS = (
      r"\1***@"),
     # scheme://TOKEN@host: a long user name alone is a token (https://ghp_…@github.com).
     (re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@:]{16,}@"), r"\1***@"),
-    # ?token=…, &password=…, X-Amz-Signature=…, --password=…
+    # ?token=…, &password=…, X-Amz-Signature=…, --password=…; a quoted value (password="a \"b c",
+    # api_key='…') to its closing quote, then to the end of the word; a backslash escapes the
+    # character after it (password=\"x\" is one value).
     (re.compile(r"(?i)(?<![\w])((?:access_|refresh_|id_|auth_|private_)?token|password|passwd|"
                 r"pwd|secret|client_secret|api[_-]?key|sig|signature|x-amz-signature|"
-                r"x-amz-security-token|x-amz-credential|credential)=[^&\s#'\"]+"), r"\1=***"),
+                r"x-amz-security-token|x-amz-credential|credential)="
+                r"""(?:(?:"(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?)(?:\\.|[^&\s#'"\\])*"""
+                r"""|(?:\\.|[^&\s#'"\\])+)"""), r"\1=***"),
     # Authorization header values: Bearer <token>, Basic <base64>.
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
 )
@@ -39,6 +48,35 @@ def redact(text: str) -> str:
     for pattern, replacement in _SECRETS:
         text = pattern.sub(replacement, text)
     return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def redact_values(value: Any) -> Any:
+    """``value`` (what ``json.dumps`` takes) with every string in it, dictionary keys included,
+    :func:`redact`-ed; any other object becomes its redacted ``str`` (as ``default=str`` would
+    print it). Redact the values, then serialize: a pattern run over serialized JSON can cut an
+    escaping backslash out of a string (``password=\\"…``) and leave invalid JSON."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(key) if isinstance(key, str) else key: redact_values(item)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_values(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return redact(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal may show it: every escape sequence (CSI ``ESC [ … m``, OSC
+    ``ESC ] … BEL``, two-byte ``ESC x``) removed whole, then every other C0 control but tab
+    and newline, DEL and every C1 control removed. For every untrusted string imgfab prints
+    for a person: a recipe's file name, a registry's tags and labels, a server's answer.
+
+    >>> printable("recipes/\\x1b[31mred\\r.yaml")
+    'recipes/red.yaml'
+    """
+    return _TERMINAL_CONTROL.sub("", _ESCAPE_SEQUENCE.sub("", text))
 
 
 def shown(value: object, limit: int = 200) -> str:

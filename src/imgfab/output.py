@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from imgfab.errors import ImgfabError, redact
+from imgfab.errors import ImgfabError, redact, redact_values
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "_data" / "schemas" / "output.schema.json"
@@ -48,8 +48,10 @@ def document(command: str, *, exit_code: int = 0, error: dict[str, Any] | None =
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    """The text printed: sorted keys, two-space indent, every secret-shaped value redacted."""
-    return redact(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    """The text printed: sorted keys, two-space indent, every secret-shaped value redacted
+    before it is serialized (:func:`imgfab.errors.redact_values`), so the text is always one
+    valid JSON object; ASCII only, so no control character reaches a terminal raw."""
+    return json.dumps(redact_values(doc), indent=2, sort_keys=True)
 
 
 def output_schema() -> dict[str, Any]:

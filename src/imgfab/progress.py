@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
+from imgfab.errors import printable
+
 MODES = ("rich", "plain", "quiet")
 
 
@@ -59,9 +61,11 @@ class Progress:
     def _show(self, text: str, *, always: bool, kind: str) -> None:
         if self.mode == "quiet":
             return
-        text = " ".join(text.split())
+        text = " ".join(printable(text).split())  # a recipe's file name, a registry's text
         if self.mode == "rich":
-            self._rich_status().update(f"[bold]{text}[/]")
+            from rich.markup import escape  # noqa: PLC0415
+
+            self._rich_status().update(f"[bold]{escape(text)}[/]")
             return
         now = self.clock()
         if not always and now - self._last.get(kind, float("-inf")) < self.interval_s:

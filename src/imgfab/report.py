@@ -6,8 +6,15 @@ from typing import Any
 
 import click
 
+from imgfab.errors import printable
 from imgfab.matrix.compat import BackendRelease, Matrix
 from imgfab.stack.resolve import Rejection, Resolution
+
+
+def _say(text: str) -> None:
+    """One line for a person; the model id, notes and rejections quote the recipe and the
+    weights directory, so no terminal control goes out raw."""
+    click.echo(printable(text))
 
 
 def print_resolution(resolution: Resolution) -> None:
@@ -39,32 +46,32 @@ def print_resolution(resolution: Resolution) -> None:
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
-        click.echo(f"{key:<{width}}  {value}")
+        _say(f"{key:<{width}}  {value}")
     for note in stack.notes:
-        click.echo(f"note: {note}")
+        _say(f"note: {note}")
     for fact in stack.unconfirmed:
-        click.echo(f"unconfirmed: {fact}")
+        _say(f"unconfirmed: {fact}")
     if resolution.rejections:
-        click.echo(f"rejected ({len(resolution.rejections)}):")
+        _say(f"rejected ({len(resolution.rejections)}):")
         for rejection in resolution.rejections:
-            click.echo(f"  {rejection.candidate}: {rejection.constraint}: {rejection.reason}")
+            _say(f"  {rejection.candidate}: {rejection.constraint}: {rejection.reason}")
 
 
 def print_host_fit(matrix: Matrix, gpu: str, driver: str, policy: str,
                    rows: list[tuple[BackendRelease, dict[str, Any] | None, list[Rejection]]]) -> None:
     found = matrix.host_gpu(gpu)  # fits_host has already matched it
-    click.echo(f"host: {found.name} (compute capability {found.compute_capability}), "
+    _say(f"host: {found.name} (compute capability {found.compute_capability}), "
                f"driver {driver}, policy {policy}")
     fits = [(r, f) for r, f, _ in rows if f is not None]
-    click.echo(f"fits ({len(fits)}):")
+    _say(f"fits ({len(fits)}):")
     for release, fields in fits:
         assert fields is not None
-        click.echo(f"  {release.backend} {release.version}: CUDA {fields['toolkit'].version} on "
+        _say(f"  {release.backend} {release.version}: CUDA {fields['toolkit'].version} on "
                    f"{fields['os'].name}, driver floor {fields['floor']}")
-    click.echo(f"does not fit ({len(rows) - len(fits)}):")
+    _say(f"does not fit ({len(rows) - len(fits)}):")
     for release, fields, failures in rows:
         if fields is None:
-            click.echo(f"  {release.backend} {release.version}: "
+            _say(f"  {release.backend} {release.version}: "
                        + "; ".join(f"{f.constraint}: {f.reason}" for f in failures))
     for label, why in matrix.dropped:
-        click.echo(f"  {label}: dropped at load: {why}")
+        _say(f"  {label}: dropped at load: {why}")

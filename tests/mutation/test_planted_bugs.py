@@ -246,7 +246,7 @@ PLANTS = [
           "        if value == 1000 and not isinstance(value, bool):", "        if False:",
           ("tests/stack/test_toolchain.py",)),
     Plant("cli: click usage errors printed by click (several lines)", "cli.py",
-          "        click.echo(f\"imgfab: {line}\", err=True)\n        sys.exit(2)",
+          "        _say(f\"imgfab: {line}\", err=True)\n        sys.exit(2)",
           "        error.show()\n        sys.exit(2)",
           ("tests/render/test_render_output.py",)),
     # --- issue 16: the image serves on its GPU ------------------------------------------------

@@ -40,7 +40,8 @@ from typing import Any
 from imgfab.cache import cache_root
 from imgfab.docker import engine
 from imgfab.docker.unverified import UnverifiedTags
-from imgfab.errors import HostError, ImgfabError, RecipeError, ValidationFailed, redact, shown
+from imgfab.errors import (HostError, ImgfabError, RecipeError, ValidationFailed, printable, redact,
+                           redact_values, shown)
 
 # Extra pip.conf settings from the environment (the secret never reaches a layer, and a
 # secret is not part of BuildKit's cache key, so changing these rebuilds nothing).
@@ -122,10 +123,8 @@ class BuiltImage:
     publish: dict[str, Any] | None = None  # the deploy bundle, SBOM, provenance, signature
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` object, every URL password redacted."""
-        import json  # noqa: PLC0415
-
-        return json.loads(redact(json.dumps(asdict(self))))
+        """The ``--json`` object, every secret-shaped value redacted."""
+        return redact_values(asdict(self))
 
 
 def _check_options(options: BuildOptions) -> None:
@@ -554,7 +553,7 @@ class BuildProgress:
                                for line in self.tail))
 
     def line(self, text: str) -> None:
-        text = redact(text)
+        text = printable(redact(text))
         if not self.rich:
             print(text, file=self.stream, flush=True)
             return

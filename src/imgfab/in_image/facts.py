@@ -7,12 +7,11 @@ image beside :mod:`imgfab.in_image.probe`, which judges these facts.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from imgfab.in_image import rules
+from imgfab.in_image import fit, rules
 
 
 _LABEL = "org.imgfab."
@@ -129,16 +128,19 @@ class ImageFacts:
 
 
 def load_image_facts(path: str) -> ImageFacts:
-    """Read ``path`` (image.json); raises :class:`ImageFactsError` with one line."""
+    """Read ``path`` (image.json, within :func:`imgfab.in_image.fit.load_json`'s bounds);
+    raises :class:`ImageFactsError` with one line."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            labels = json.load(handle)
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except FileNotFoundError:
         raise ImageFactsError(f"{path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ImageFactsError(f"{path} cannot be read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ImageFactsError(f"{path} is not valid JSON: {exc}") from None
+    try:
+        labels = fit.load_json(raw, path)
+    except fit.FactsError as exc:
+        raise ImageFactsError(str(exc)) from None
     return ImageFacts.from_labels(labels)
 
 

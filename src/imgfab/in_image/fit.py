@@ -42,6 +42,16 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8_sq": 1.
 # A safetensors header is a JSON object of at most this size (the format's own limit is 100 MB).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+# What a weights directory may make the readers do; beyond each bound is FactsError, not a crash.
+# Nesting: Python's JSON decoder recurses (RecursionError near 1,000 levels); a real config.json
+# nests 4 levels (text_config.rope_scaling), a safetensors header 3.
+MAX_JSON_DEPTH = 64
+# Digits of one number: Python refuses int() of more than 4,300, and a long one overflows the
+# float arithmetic of the fit check; a tensor dimension or a config value fits in 20 (2**64).
+MAX_NUMBER_DIGITS = 40
+# Parameters of one tensor, and of the model: a thousand times the largest published model (about
+# 2 × 10**12), far below where weights × bytes per parameter leaves a float (10**308).
+MAX_PARAMETERS = 10**15
 _GB = 1e9
 
 
@@ -107,9 +117,54 @@ def facts_from_config(config: dict) -> ModelFacts:
     hidden = _positive(config, "hidden_size")
     if head is None and hidden is not None and heads:
         head = hidden // heads
+        if not head:  # a head of no width holds no KV cache: no fit could be judged
+            raise FactsError(f"config.json hidden_size {hidden} is smaller than its "
+                             f"{heads} attention heads, so a head has no size")
     return ModelFacts(layers=_positive(config, "num_hidden_layers"), attention_heads=heads,
                       kv_heads=kv, head_size=head,
                       max_positions=_positive(config, "max_position_embeddings"))
+
+
+def _number(convert):
+    """A ``parse_int``/``parse_float`` hook for :func:`json.loads` that refuses a number of more
+    than :data:`MAX_NUMBER_DIGITS` digits before converting it."""
+    def parse(text: str):
+        if len(text) > MAX_NUMBER_DIGITS:
+            digits = sum(c.isdigit() for c in text)
+            if digits > MAX_NUMBER_DIGITS:
+                raise FactsError(f"a number of {digits} digits, above the bound of {MAX_NUMBER_DIGITS}")
+        return convert(text)
+    return parse
+
+
+def _depth(value: object) -> int:
+    """How deep ``value`` nests (a scalar 0, ``[]`` 1), counted without recursion and only as
+    far as one level past :data:`MAX_JSON_DEPTH`."""
+    deepest, pending = 0, [(value, 1)]
+    while pending and deepest <= MAX_JSON_DEPTH:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def load_json(raw: bytes, where: str) -> object:
+    """``raw`` (UTF-8 JSON read from ``where``) parsed within the bounds: nesting
+    (:data:`MAX_JSON_DEPTH`) and the digits of a number (:data:`MAX_NUMBER_DIGITS`). Raises
+    :class:`FactsError` naming ``where`` and the bound a file exceeds, or that it is not JSON."""
+    try:
+        value = json.loads(raw.decode("utf-8"), parse_int=_number(int), parse_float=_number(float))
+    except RecursionError:
+        raise FactsError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except FactsError as exc:
+        raise FactsError(f"{where} has {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FactsError(f"{where} is not valid JSON ({type(exc).__name__})") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise FactsError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 def _open_regular(path: str):
@@ -128,31 +183,39 @@ def _open_regular(path: str):
 
 def safetensors_parameters(path: str) -> int:
     """The number of parameters in one ``.safetensors`` file: the product of each tensor's
-    shape in its header (8 bytes little-endian length, then that much JSON)."""
+    shape in its header (8 bytes little-endian length, then that much JSON). FactsError for a
+    header over :data:`MAX_HEADER_BYTES`, beyond :func:`load_json`'s bounds, or a tensor of
+    more than :data:`MAX_PARAMETERS`."""
     handle = _open_regular(path)
     try:
         with handle:
             head = handle.read(8)
             if len(head) != 8:
-                raise FactsError(f"{os.path.basename(path)} is too short for a safetensors header")
+                raise FactsError(f"{path} is too short for a safetensors header")
             (size,) = struct.unpack("<Q", head)
             if size > MAX_HEADER_BYTES:
-                raise FactsError(f"{os.path.basename(path)} claims a {size}-byte header")
-            header = json.loads(handle.read(size).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FactsError(f"{os.path.basename(path)}: header unreadable ({type(exc).__name__})") from None
+                raise FactsError(f"{path} claims a {size}-byte header, above the bound of "
+                                 f"{MAX_HEADER_BYTES} bytes")
+            raw = handle.read(size)
+    except OSError as exc:
+        raise FactsError(f"{path}: header unreadable ({type(exc).__name__})") from None
+    header = load_json(raw, f"{path}'s header")
     if not isinstance(header, dict):
-        raise FactsError(f"{os.path.basename(path)}: header is not a JSON object")
+        raise FactsError(f"{path}: header is not a JSON object")
     total = 0
     for name, tensor in header.items():
         if name == "__metadata__":
             continue
         shape = tensor.get("shape") if isinstance(tensor, dict) else None
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise FactsError(f"{os.path.basename(path)}: tensor {name!r} has no shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                  and d >= 0 for d in shape):
+            raise FactsError(f"{path}: tensor {name[:80]!r} has no shape")
         count = 1
         for dim in shape:
             count *= dim
+            if count > MAX_PARAMETERS:
+                raise FactsError(f"{path}: tensor {name[:80]!r} claims more than {MAX_PARAMETERS} "
+                                 f"parameters, the bound")
         total += count
     return total
 
@@ -161,7 +224,8 @@ def read_model_dir(path: str) -> ModelFacts:
     """The facts of the model in directory ``path``: ``config.json`` and the parameters of its
     ``*.safetensors`` files (None without any, or when their headers hold no tensor: such
     headers say nothing of the model's size). Raises :class:`FactsError` without a readable
-    config.json."""
+    config.json, and for a file beyond a bound (:func:`load_json`'s nesting and digits, a
+    header's size, :data:`MAX_PARAMETERS` for a tensor and for the whole model)."""
     config_path = os.path.join(path, "config.json")
     try:
         with _open_regular(config_path) as handle:
@@ -169,16 +233,15 @@ def read_model_dir(path: str) -> ModelFacts:
     except OSError as exc:
         raise FactsError(f"{config_path} cannot be read: {exc.strerror or type(exc).__name__}") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise FactsError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise FactsError(f"{config_path} is not JSON") from None
-    facts = facts_from_config(config)
+        raise FactsError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes, the bound")
+    facts = facts_from_config(load_json(raw, config_path))
     names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not names:
         return facts
     parameters = sum(safetensors_parameters(os.path.join(path, n)) for n in names)
+    if parameters > MAX_PARAMETERS:
+        raise FactsError(f"the *.safetensors files of {path} claim more than {MAX_PARAMETERS} "
+                         f"parameters, the bound")
     if not parameters:
         return facts
     return ModelFacts(**(facts.as_dict() | {"parameters": parameters}))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import secrets
 import shutil
 import tempfile
@@ -77,16 +78,15 @@ def model_architecture(model_id: str, compat_dir: Path | None = None) -> str | N
 
 def make_synthetic_model(image: str, directory: Path, architecture: str, *,
                          mounts: list[tuple[str, str, bool]] = (), engine: Any = None) -> dict[str, Any]:
-    """Write a synthetic model of ``architecture`` into ``directory`` with the image's own
-    Python (numpy, safetensors, tokenizers); returns what the generator printed."""
+    """Write a synthetic model of ``architecture`` into ``directory`` (made by
+    :func:`synthetic_directory`) with the image's own Python (numpy, safetensors, tokenizers),
+    as the image's user; returns what the generator printed."""
     from imgfab.ops.synthetic_model import ARCHITECTURES  # noqa: PLC0415
 
     if architecture not in ARCHITECTURES:
         raise RecipeError(f"no synthetic model for architecture {architecture!r}",
                           field="--architecture", fix=f"one of: {', '.join(ARCHITECTURES)}")
     engine = engine or importlib.import_module("imgfab.docker.engine")
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o777)  # the image's non-root user writes here
     script = (resources.files("imgfab.ops") / "synthetic_model.py").read_text(encoding="utf-8")
     out = engine.run_python(image, script, ["/synthetic", architecture],
                             mounts=[(str(directory), "/synthetic", False), *mounts])
@@ -162,8 +162,22 @@ def open_routes(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
     return OPEN_ROUTES
 
 
-def synthetic_directory() -> Path:
-    return Path(tempfile.mkdtemp(prefix="imgfab-synthetic-"))
+def synthetic_directory(uid: int) -> Path:
+    """A fresh directory for the synthetic model that the image's user ``uid`` writes and
+    serves through a bind mount, and that no other user of this host can reach: ``model`` in a
+    parent of this process's own, mode 0700 (remove the parent, :func:`remove_directory`).
+
+    The directory is mode 0700 and owned by ``uid`` when this process runs as root (it gives
+    the directory away) or as ``uid``. Otherwise it cannot be given away, so it is mode 0777
+    behind its 0700 parent: the engine resolves a bind mount's source itself, so the container
+    needs no way through the parent, and no other user of the host has one."""
+    parent = Path(tempfile.mkdtemp(prefix="imgfab-synthetic-"))
+    directory = parent / "model"
+    directory.mkdir()
+    if os.geteuid() == 0:
+        os.chown(directory, uid, -1)
+    directory.chmod(0o700 if os.geteuid() in (0, uid) else 0o777)
+    return directory
 
 
 def remove_directory(path: Path) -> None:
@@ -237,7 +251,7 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
         if architecture is None:
             raise RecipeError(f"compat/models.yaml has no architecture for {model_id}",
                               field="--architecture", fix="name it, e.g. --architecture LlamaForCausalLM")
-        directory = synthetic_directory()
+        directory = synthetic_directory(uid)
         weights = directory
         note = SYNTHETIC_NOTE.format(architecture=architecture)
     if progress is not None:  # after every refusal: a bad input stays one line
@@ -261,4 +275,4 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
         return report
     finally:
         if directory is not None:
-            remove_directory(directory)
+            remove_directory(directory.parent)

@@ -402,7 +402,7 @@ def _readable_lock(path: Path) -> Lock | None:
     if not path.is_file():
         return None
     try:
-        return Lock.parse(path.read_text(encoding="utf-8"), path.name)
+        return Lock.read(path)
     except RecipeError:
         return None
 
@@ -485,7 +485,7 @@ def check_lock(recipe_path: str, compat_dir: Path | None = None) -> CheckResult:
     path = lock_path(recipe_path, recipe.name)
     if not path.is_file():
         return CheckResult(recipe.name, path, "missing")
-    lock = Lock.parse(path.read_text(encoding="utf-8"), path.name)
+    lock = Lock.read(path)
     expected = lock_fingerprint(request, lock.text)
     if lock.fingerprint != expected:
         return CheckResult(recipe.name, path, f"stale or edited (its fingerprint {lock.fingerprint[:12] or 'none'}, "
@@ -508,7 +508,7 @@ def load_for_build(recipe_path: str, recipe: Any, stack: Any, lock_file: Path | 
     if lock_file is not None:
         if not Path(lock_file).is_file():
             raise RecipeError(f"{lock_file} is not a file", field="--lock", fix="give a lock file")
-        lock = Lock.parse(Path(lock_file).read_text(encoding="utf-8"), Path(lock_file).name).bind(request)
+        lock = Lock.read(Path(lock_file)).bind(request)
     else:
         result = check_lock(recipe_path, compat_dir)
         if result.problem or result.lock is None:
@@ -544,7 +544,7 @@ def committed_lock(recipe_path: str | Path, recipe: Any, stack: Any,
     if not path.is_file():
         return None
     request = payload_request(recipe, stack, compat_dir)
-    lock = Lock.parse(path.read_text(encoding="utf-8"), path.name)
+    lock = Lock.read(path)
     if not _is_fresh(lock, request) or lock.refused or lock.unhashed or not lock.packages:
         return None
     check_header(lock, request, path.name, str(recipe_path))

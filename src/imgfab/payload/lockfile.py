@@ -11,11 +11,12 @@ import json
 import os
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 
 from imgfab.errors import RecipeError
 from imgfab.in_image import stage
-from imgfab.payload.lockparse import ParsedLock, parse_lock, requirements_text
+from imgfab.payload.lockparse import ParsedLock, parse_lock, read_lock_text, requirements_text
 
 
 # 2: bytecode counted; 3: cubins for other GPUs cut; 4: reviewed collisions cut;
@@ -198,6 +199,12 @@ class Lock:
         """The index the builder installs from unless --pip-index-url says otherwise."""
         request = self._bound()
         return request.indexes[0].url if request.indexes else request.default_index
+
+    @classmethod
+    def read(cls, path: Path) -> Lock:
+        """The lock file at ``path``, read within its bounds
+        (:func:`imgfab.payload.lockparse.read_lock_text`) and parsed strictly."""
+        return cls.parse(read_lock_text(path), path.name)
 
     @classmethod
     def parse(cls, text: str, source: str = "lock") -> Lock:

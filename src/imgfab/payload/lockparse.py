@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from imgfab.errors import RecipeError
 
@@ -56,6 +57,8 @@ _INCLUDES = ("-r", "--requirement", "-c", "--constraint")
 _EDITABLE = ("-e", "--editable")
 
 FIX = "run `imgfab lock RECIPE` to rewrite it (a lock holds only name==version lines with their --hash lines)"
+# The largest committed lock is under 30 kB; a file over a hundred times that is no lock.
+MAX_LOCK_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,25 @@ def _what_is_wrong(line: str) -> str:
             or re.search(r"\.(whl|zip|tar\.gz|tgz|tar\.bz2)\b", stripped):
         return "a path or archive requirement installs a local file"
     return "not a name==version line"
+
+
+def read_lock_text(path: Path) -> str:
+    """The text of the lock file at ``path``. Raises RecipeError (exit 2) naming the file when
+    it cannot be read, is larger than :data:`MAX_LOCK_BYTES` or is not UTF-8."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_LOCK_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"{path} cannot be read: {exc.strerror or type(exc).__name__}",
+                          field="lock", fix=FIX) from None
+    if len(raw) > MAX_LOCK_BYTES:
+        raise RecipeError(f"{path} is larger than {MAX_LOCK_BYTES} bytes, the bound for a lock",
+                          field="lock", fix=FIX)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: byte {exc.start + 1} is not UTF-8 (a lock is UTF-8 text)",
+                          field="lock", fix=FIX) from None
 
 
 def parse_lock(text: str, source: str = "lock") -> ParsedLock:

@@ -24,6 +24,7 @@ import base64
 import json
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,10 +100,21 @@ def key_password() -> str:
     return ""
 
 
-def _readable_key(path: Path, option: str) -> Path:
-    if not Path(path).is_file():
+def private_key(path: Path, option: str = "--sign-key") -> Path:
+    """``path`` when it is a cosign private key only its owner can read or write (``chmod
+    600``, as ``cosign generate-key-pair`` writes it; ssh refuses a looser key the same way).
+    RecipeError (exit 2) naming ``option`` otherwise: not a file, or open to group or others.
+    The key's content is never read here, so no message can quote it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if not stat.S_ISREG(mode):
         raise RecipeError(f"{path} is not a key file", field=option,
                           fix="give the path of a cosign key (cosign generate-key-pair)")
+    if mode & 0o077:
+        raise RecipeError(f"the private key {path} is open to group or others (mode "
+                          f"{stat.S_IMODE(mode):04o})", field=option, fix=f"chmod 600 {path}")
     return Path(path)
 
 
@@ -143,7 +155,7 @@ def _digest_ref(ref: str) -> str:
 def sign(digest_ref: str, key: Path, credentials: Any = None, *, tlog: bool = False) -> None:
     """``cosign sign --key KEY`` the image ``digest_ref`` (``--tlog-upload=false`` unless
     ``tlog``). Raises :class:`EngineError` (exit 1) with cosign's message on failure."""
-    args = ["sign", "--key", str(_readable_key(key, "--sign-key")), "--yes",
+    args = ["sign", "--key", str(private_key(key)), "--yes",
             f"--tlog-upload={'true' if tlog else 'false'}", _digest_ref(digest_ref)]
     done = _run(args, credentials, password=key_password())
     if done.returncode != 0:
@@ -159,7 +171,7 @@ def attest(digest_ref: str, predicate: Path, kind: str, key: Path, credentials: 
     if kind not in PREDICATE_TYPES:
         raise RecipeError(f"unknown attestation type {kind!r}", field="attest",
                           fix=f"one of {', '.join(sorted(PREDICATE_TYPES))}")
-    args = ["attest", "--key", str(_readable_key(key, "--sign-key")), "--yes", "--type", kind,
+    args = ["attest", "--key", str(private_key(key)), "--yes", "--type", kind,
             "--predicate", str(predicate), f"--tlog-upload={'true' if tlog else 'false'}",
             _digest_ref(digest_ref)]
     done = _run(args, credentials, password=key_password())

@@ -9,7 +9,7 @@
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-d14810566c1b}"
+IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-e766ef6dd576}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 no_comma() {
     case "$1" in

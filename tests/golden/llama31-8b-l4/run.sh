@@ -8,7 +8,7 @@
 #        serve.publish_address; 0.0.0.0 for every interface)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-dba5a6ab8f67}"
+IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-e3499ae4b1f1}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
 if [ ! -s "$API_KEY_FILE" ]; then

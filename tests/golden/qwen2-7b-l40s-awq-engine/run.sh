@@ -9,7 +9,7 @@
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:tensorrtllm1.2.1-cu13.1.2-sm89-int4awq-engine-41ce0f532a27}"
+IMAGE="${IMAGE:-llm/qwen2-7b:tensorrtllm1.2.1-cu13.1.2-sm89-int4awq-engine-15835eb3e541}"
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 no_comma() {
     case "$1" in
