@@ -43,6 +43,8 @@ for kind in cyclonedx slsaprovenance1; do
         --type "$kind" "$IMAGE" >/dev/null
     echo "[demo] cosign verify-attestation --type $kind: ok"
 done
-# What an ops team runs on a host: the newest signed image for its driver and GPU.
-.venv/bin/imgfab select --registry "${IMAGE%@*}" --driver 580.65.06 --gpu H100 \
+# What an ops team runs on a host: the newest signed image for its driver and GPU. The recipe's
+# fleet is R535, which runs the image's CUDA 13 through forward compatibility (vLLM 0.33.0,
+# outside every critical advisory).
+.venv/bin/imgfab select --registry "${IMAGE%@*}" --driver 535.104.05 --gpu H100 \
     --verify-key "$IMGFAB_VERIFY_KEY"

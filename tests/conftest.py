@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 FROZEN_COMPAT = REPO / "tests" / "fixtures" / "compat_frozen"
 FROZEN_RECIPES = REPO / "tests" / "fixtures" / "recipes_frozen"
+# The demo recipe with its vLLM 0.19.1 lock as committed at e4cd16e, before issue 34 moved the
+# demo to vLLM 0.33.0: the lock and payload tests about that lock read this pair.
+VLLM_0191 = REPO / "tests" / "fixtures" / "locks" / "vllm-0.19.1" / "qwen2-7b-h100.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,11 @@ from conftest import RECIPES, REPO
 LOCKED = REPO / "recipes/qwen2-7b-h100.yaml"
 REFUSED = sorted(r for r in RECIPES if "# refused:" in r.with_suffix(".lock").read_text())
 REVISION = "f2826a00ceef68f0f2b946d945ecc0477ce4450c"
+# R580.65: under strict it reaches CUDA 12.8 only (vLLM 0.19.1, inside the critical
+# CVE-2026-48746), under minor-compat CUDA 13 (vLLM 0.33.0). (R535, the demo's fleet, fits
+# outside every critical advisory only under forward-compat: tests/stack/test_advisories.py.)
 INIT = ("init", "--model", "Qwen/Qwen2-7B-Instruct", "--revision", REVISION, "--gpu", "H100",
-        "--driver", "535.104.05")
+        "--driver", "580.65.06")
 
 
 def imgfab(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -38,7 +41,7 @@ def test_init_writes_a_commented_recipe_that_validates_and_resolves(tmp_path):
     assert sum(line.lstrip().startswith("#") for line in text.splitlines()) >= 5
     data = yaml.safe_load(text)
     assert data["model"]["revision"] == REVISION and data["engine"]["quantization"] == "fp8"
-    assert data["target"] == {"gpu": "H100-SXM", "count": 1, "driver": ">=535.104.05",
+    assert data["target"] == {"gpu": "H100-SXM", "count": 1, "driver": ">=580.65.06",
                               "driver_policy": "minor-compat"}
     assert "resolves to vllm" in result.stdout and f"imgfab lock {written.relative_to(tmp_path)}" in result.stdout
     checked = imgfab("validate", str(written))
@@ -48,13 +51,17 @@ def test_init_writes_a_commented_recipe_that_validates_and_resolves(tmp_path):
 
 
 def test_init_takes_minor_compat_only_when_strict_cannot_fit(tmp_path):
-    """H100 on R535: no stack fits under strict. Without --policy the starter says
-    minor-compat and why; with --policy strict it is exit 2 with the resolver's fix."""
+    """H100 on R580.65: under strict only a stack inside a critical advisory fits. Without
+    --policy the starter says minor-compat and why; with --policy strict it is exit 2 with the
+    resolver's fix."""
     result = imgfab(*INIT, "-o", str(tmp_path / "r.yaml"))
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "r.yaml").read_text()
     assert yaml.safe_load(text)["target"]["driver_policy"] == "minor-compat"
-    assert "no stack fits this driver under strict" in text and "(minor-compat)" in result.stdout
+    assert "under strict this driver fits only stacks inside a critical advisory" in text
+    assert "(minor-compat)" in result.stdout
+    v100 = imgfab(*INIT[:5], "--gpu", "V100", "--driver", "535.104.05", "-o", str(tmp_path / "v.yaml"))
+    assert v100.returncode == 2 and not (tmp_path / "v.yaml").exists()
     strict = imgfab(*INIT, "--policy", "strict", "-o", str(tmp_path / "s.yaml"))
     assert strict.returncode == 2 and "fix: target.driver_policy: minor-compat" in strict.stderr
     assert not (tmp_path / "s.yaml").exists()
@@ -128,7 +135,7 @@ def test_validate_lists_every_field_of_every_recipe(tmp_path):
     result = imgfab("validate", str(LOCKED), str(path), "--json")
     assert result.returncode == 2
     good, bad = json.loads(result.stdout)["recipes"]
-    assert good == {"path": str(LOCKED), "ok": True, "errors": []}
+    assert good == {"path": str(LOCKED), "ok": True, "errors": [], "advisories": []}
     assert [e["field"] for e in bad["errors"]] == ["name", "engine.dtype", "engine.quantization", "serve.port"]
     quant = bad["errors"][2]
     assert quant["fix"] == "write quantization: int4_awq (AWQ 4-bit weights)"
@@ -246,7 +253,7 @@ def test_init_asks_on_a_terminal(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "imgfab.cli", "init", "-o", str(tmp_path / "r.yaml")],
                                stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, close_fds=True)
     os.close(slave)
-    answers = iter(["Qwen/Qwen2-7B-Instruct", REVISION, "L40S", "550.54.15", "", "int4_awq"])
+    answers = iter(["Qwen/Qwen2-7B-Instruct", REVISION, "L40S", "580.65.06", "", "int4_awq"])
     seen, deadline = b"", time.monotonic() + 120
     prompts = 0
     while process.poll() is None and time.monotonic() < deadline:
@@ -270,4 +277,4 @@ def test_init_asks_on_a_terminal(tmp_path):
         assert prompt in text, (prompt, text)
     data = yaml.safe_load((tmp_path / "r.yaml").read_text())
     assert data["target"]["gpu"] == "L40S" and data["engine"]["quantization"] == "int4_awq"
-    assert data["backend"]["name"] == "vllm" and data["target"]["driver"] == ">=550.54.15"
+    assert data["backend"]["name"] == "vllm" and data["target"]["driver"] == ">=580.65.06"

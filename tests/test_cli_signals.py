@@ -115,7 +115,10 @@ def _start(tmp_path: Path, args: list[str], *, pause: str = "", tag: bool = True
     if before:
         (state / "before").write_text("a previous build's image")
     docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER.replace("{tag}", 'touch "$SIG_STATE/tagged"' if tag else ":"))
+    # the state directory written into the script: the docker CLI inherits no SIG_STATE (its
+    # environment is an allow-list, issue 34)
+    docker.write_text(FAKE_DOCKER.replace("{tag}", 'touch "$SIG_STATE/tagged"' if tag else ":")
+                      .replace('"$SIG_STATE/', f'"{state}/'))
     docker.chmod(0o755)
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.replace("{pause}", pause))

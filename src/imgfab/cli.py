@@ -237,6 +237,12 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
     if lock is None:
         _say(f"imgfab: note: {target}/requirements.lock is not locked (the committed lock is "
                    f"missing, stale or refused): this context does not build", err=True)
+    if not (registry_host or parsed.image.registry):
+        from imgfab.render.context import UNSET_REGISTRY
+
+        click.echo(f"imgfab: note: no registry given: {target}/k8s.yaml names the image under "
+                   f"{UNSET_REGISTRY} (it does not deploy until rendered with --registry), and "
+                   f"run.sh and compose.yaml run the image built here only, never pulled", err=True)
 
 
 @cli.command()
@@ -393,12 +399,17 @@ def init(model: str | None, revision: str | None, gpu: str | None, driver: str |
         raise ImgfabError(f"cannot write {target}: {exc.strerror or exc}", field="--output",
                           fix="check the path and the free space") from None
     stack = resolution.stack
+    from imgfab.stack.advisories import stack_advisories
+
+    advisories = stack_advisories(matrix, stack)
     if as_json:
-        _emit("init", recipe=str(target), stack=stack.to_dict())
+        _emit("init", recipe=str(target), stack=stack.to_dict(), advisories=advisories)
         return
     _say(f"wrote {target}: {recipe.name} resolves to {stack.backend} {stack.backend_version}, "
                f"CUDA {stack.cuda} on {stack.os}, driver floor {stack.driver_floor} "
                f"({recipe.target.driver_policy})")
+    for note in advisories:
+        _say(f"advisory: {note}")
     _say(f"next: imgfab lock {target} && imgfab build {target}")
 
 
@@ -412,6 +423,7 @@ def validate(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) ->
     from imgfab.matrix.compat import load_matrix
     from imgfab.output import error_object
     from imgfab.recipe import load_recipe
+    from imgfab.stack.advisories import stack_advisories
     from imgfab.stack.resolve import resolve as resolve_stack
 
     _json("validate", as_json)
@@ -419,18 +431,21 @@ def validate(recipes: tuple[str, ...], as_json: bool, compat_dir: str | None) ->
     checked = []
     for path in recipes:
         errors: list[dict] = []
+        advisories: list[str] = []
         try:
-            resolve_stack(load_recipe(path), matrix)
+            advisories = stack_advisories(matrix, resolve_stack(load_recipe(path), matrix).stack)
         except RecipeError as error:
             problems = error.problems or ((error.field or "recipe", error.message, error.fix),)
             errors = [error_object(RecipeError(m, field=f, fix=x)) for f, m, x in problems]
         except ImgfabError as error:
             errors = [error_object(error)]
-        checked.append({"path": path, "ok": not errors, "errors": errors})
+        checked.append({"path": path, "ok": not errors, "errors": errors, "advisories": advisories})
         if not as_json:
             _say(f"{path}: ok" if not errors else f"{path}: {len(errors)} problem(s)")
             for error in errors:
                 _say(f"  {error['line']}")
+            for note in advisories:
+                _say(f"  advisory: {note}")
     failed = [c["path"] for c in checked if not c["ok"]]
     if failed:
         _exit_with("validate", as_json, 2, f"{len(failed)} of {len(checked)} recipes fail: "
@@ -879,8 +894,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
 
 def _lock_advisories(path: str, lock, compat_path: Path | None,
                      loaded: dict) -> tuple[list[str], list[str]]:
-    """(notes, blocking) of compat/advisories.yaml for every package ``lock`` pins; blocking
-    only under the recipe's ``backend.advisories: refuse`` (critical advisories). ``loaded``
+    """(notes, blocking) of compat/advisories.yaml for every package ``lock`` pins; blocking:
+    the critical advisories the recipe's ``backend.accept_advisories`` does not name. ``loaded``
     keeps the matrix across the recipes of one command, read once."""
     from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import load_recipe
@@ -888,18 +903,19 @@ def _lock_advisories(path: str, lock, compat_path: Path | None,
 
     if lock is None or not lock.packages:
         return [], []
-    refuse = load_recipe(path).backend.advisories == "refuse"
+    accepted = load_recipe(path).backend.accept_advisories
     pins = {name: version for name, (version, _) in lock.packages.items()}
     if "matrix" not in loaded:
         loaded["matrix"] = load_matrix(compat_path)
-    return lock_findings(loaded["matrix"], pins, refuse=refuse)
+    return lock_findings(loaded["matrix"], pins, accepted=accepted)
 
 
 def _refuse_advisories(as_json: bool, blocked: list[str], **fields) -> None:
     if blocked:
         _exit_with("lock", as_json, 2, f"locked packages inside critical advisories: {'; '.join(blocked)}",
-                   "backend.advisories", "lock a backend release whose payload resolves the fixed "
-                   "releases (backend.version), or backend.advisories: note to accept them named", **fields)
+                   "backend.accept_advisories", "lock a backend release whose payload resolves the "
+                   "fixed releases (backend.version), or name each advisory in "
+                   "backend.accept_advisories to accept it", **fields)
 
 
 @cli.command()
@@ -1125,12 +1141,23 @@ def push(image: str, registry_host: str, registry_user: str | None, password_std
 @click.argument("image")
 @click.option("--to", "target", required=True, help="REGISTRY/REPOSITORY:TAG to promote to.")
 @click.option("--sign-key", type=click.Path(dir_okay=False),
-              help="Sign the promoted reference with this cosign key.")
+              help="Sign the promoted reference with this cosign key (the source must verify first).")
+@click.option("--verify-key", type=click.Path(dir_okay=False),
+              help="The public key that signed staging: IMAGE's signature, SBOM and provenance must "
+                   "verify with it before anything is copied (without a transparency log unless --tlog).")
+@click.option("--certificate-identity", help="Keyless: the identity that signed staging.")
+@click.option("--certificate-oidc-issuer", help="Keyless: its OIDC issuer.")
+@click.option("--tlog", is_flag=True, help="--verify-key: also require a transparency-log entry.")
+@click.option("--no-verify-source", is_flag=True,
+              help="Sign with --sign-key without verifying IMAGE first (the output says so).")
 @click.option("--retag", is_flag=True, help="Move --to's tag when it already names another image.")
 @json_option
-def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json: bool) -> None:
+def promote(image: str, target: str, sign_key: str | None, verify_key: str | None,
+            certificate_identity: str | None, certificate_oidc_issuer: str | None, tlog: bool,
+            no_verify_source: bool, retag: bool, as_json: bool) -> None:
     """Copy IMAGE (REG/REPO@sha256:…, what passed) to --to by digest, with its attestations:
-    oras cp, never a rebuild. Prints the promoted digest reference."""
+    oras cp, never a rebuild. With --sign-key, IMAGE must verify first against --verify-key (or
+    the keyless identity) that signed staging. Prints the promoted digest reference."""
     from imgfab.supply.promote import promote as promote_image
 
     _json("promote", as_json)
@@ -1138,10 +1165,24 @@ def promote(image: str, target: str, sign_key: str | None, retag: bool, as_json:
         from imgfab.supply.cosign import private_key
 
         private_key(Path(sign_key))
-    done = promote_image(image, target, sign_key=Path(sign_key) if sign_key else None, retag=retag)
+    trust = None
+    if verify_key or certificate_identity or certificate_oidc_issuer:
+        from imgfab.supply.cosign import Trust
+
+        if verify_key and not Path(verify_key).is_file():
+            raise RecipeError(f"{verify_key} is not a file", field="--verify-key",
+                              fix="give the cosign public key that signed staging (cosign.pub)")
+        trust = Trust(key=Path(verify_key) if verify_key else None, identity=certificate_identity,
+                      issuer=certificate_oidc_issuer, tlog=tlog or not verify_key)
+    done = promote_image(image, target, sign_key=Path(sign_key) if sign_key else None, retag=retag,
+                         trust=trust, verify_source=not no_verify_source)
     if as_json:
         _emit("promote", **done.to_dict())
     else:
+        if not done.source_verified:  # stderr: stdout stays the one reference scripts read
+            _say(f"imgfab: note: {done.source} was {done.verification}"
+                 + (f"; {done.promoted} is signed with your key all the same" if done.signed else ""),
+                 err=True)
         _say(done.promoted)
 
 

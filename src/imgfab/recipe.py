@@ -40,6 +40,8 @@ _REPOSITORY = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)
 _REGISTRY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?")
 _SIZE = re.compile(r"([0-9]{1,13})([kmgKMG]?)")
 _DRIVER_SPEC = re.compile(r">=[ ]*([0-9]{1,4}(\.[0-9]{1,4}){0,2})")
+# An advisory as compat/advisories.yaml names it: a CVE or a GitHub advisory id.
+_ADVISORY_ID = re.compile(r"(CVE-[0-9]{4}-[0-9]{4,7}|GHSA(-[23456789cfghjmpqrvwx]{4}){3})")
 # A calibration file, relative to the recipe: no leading '/', '-' or '.', no '..' component.
 _RELATIVE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,15}")
 # Paths the image itself owns (its code, venv, user, system trees, the engine cache, build
@@ -248,11 +250,37 @@ class BackendSpec(_Strict):
     trtllm_path: Literal["pytorch", "engine"] | None = Field(
         None, description="TensorRT-LLM only: serve a checkpoint with the PyTorch backend, or a "
                           "compiled TensorRT engine", examples=["pytorch", "engine"])
-    advisories: Literal["note", "refuse"] = Field(
-        "note", description="Known advisories (compat/advisories.yaml) on the picked backend and "
-                            "torch and on the locked packages: 'note' names them and the nearest "
-                            "fixed stack; 'refuse' also refuses any stack or lock inside a critical one",
-        examples=["note", "refuse"])
+    accept_advisories: tuple[str, ...] = Field(
+        (), max_length=32,
+        description="Critical advisories (compat/advisories.yaml ids or aliases) this recipe "
+                    "accepts on its stack and lock. A stack or lock inside a critical advisory the "
+                    "recipe does not name here is refused; every advisory is noted either way, and "
+                    "the accepted ones are shown in the image's labels and by `imgfab select`",
+        examples=[["CVE-2026-48746"]])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced(cls, data: Any) -> Any:
+        # issue 34: `advisories: note` accepted every critical advisory unnamed; the one
+        # mechanism is now a named acceptance.
+        if isinstance(data, dict) and "advisories" in data:
+            raise ValueError("advisories: backend.advisories (note/refuse) was replaced by "
+                             "backend.accept_advisories: a stack or lock inside a critical advisory "
+                             "is refused unless the recipe names it; remove backend.advisories and "
+                             "name each critical advisory you accept, e.g. accept_advisories: "
+                             "[CVE-2026-48746]")
+        return data
+
+    @field_validator("accept_advisories")
+    @classmethod
+    def _ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            if not _ADVISORY_ID.fullmatch(item):
+                raise ValueError(f"{excerpt(item)} is not an advisory id: write a CVE-YYYY-NNNN "
+                                 "or GHSA-xxxx-xxxx-xxxx id of compat/advisories.yaml")
+        if len(set(value)) != len(value):
+            raise ValueError("names an advisory twice; name each once")
+        return value
 
     @field_validator("version")
     @classmethod

@@ -294,11 +294,12 @@ def test_push_refuses_to_move_a_tag_to_another_digest(signed, tmp_path):
 def test_promote_copies_by_digest_with_attestations_and_signs(signed):
     target_repo = f"{REGISTRY}/imgfab-test/released-{uuid.uuid4().hex[:8]}"
     done = imgfab("promote", signed["pushed"], "--to", f"{target_repo}:v1", "--sign-key", SIGN_KEY,
-                  "--json")
+                  "--verify-key", VERIFY_KEY, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     digest = signed["pushed"].split("@")[1]
     assert report["promoted"] == f"{target_repo}@{digest}" and report["attestations"] is True
+    assert report["source_verified"] is True, report
     assert digest_of(f"{target_repo}:v1") == digest
     for args in (("verify",), ("verify-attestation", "--type", "cyclonedx"),
                  ("verify-attestation", "--type", "slsaprovenance1")):
@@ -310,6 +311,30 @@ def test_promote_copies_by_digest_with_attestations_and_signs(signed):
     assert again.returncode == 2 and "already names" in again.stderr
     tagged = imgfab("promote", signed["tags"][1], "--to", f"{target_repo}:v2")
     assert tagged.returncode == 2 and "digest reference" in tagged.stderr
+
+
+def test_promote_signs_nothing_it_cannot_verify(signed, tmp_path):
+    # issue 34: an unsigned, unattested source exited 0 with "signed": true, "attestations":
+    # false. Now it is exit 1 and nothing is copied, unless --no-verify-source, said in the output.
+    repository = f"{REGISTRY}/imgfab-test/unsigned-{uuid.uuid4().hex[:8]}"
+    unsigned = _push_over(_other_image(signed, tmp_path, "unverified"), f"{repository}:v1")
+    source = f"{repository}@{unsigned}"
+    target_repo = f"{REGISTRY}/imgfab-test/released-{uuid.uuid4().hex[:8]}"
+    bare = imgfab("promote", source, "--to", f"{target_repo}:v1", "--sign-key", SIGN_KEY)
+    assert bare.returncode == 2 and "--verify-key" in bare.stderr, bare.stderr
+    refused = imgfab("promote", source, "--to", f"{target_repo}:v1", "--sign-key", SIGN_KEY,
+                     "--verify-key", VERIFY_KEY)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "does not verify" in refused.stderr and "signature: none verifies" in refused.stderr
+    from imgfab.docker import registry
+
+    assert registry.tag_holder(f"{target_repo}:v1", registry.Credentials.load(REGISTRY)) is None  # nothing copied
+    forced = imgfab("promote", source, "--to", f"{target_repo}:v1", "--sign-key", SIGN_KEY,
+                    "--no-verify-source", "--json")
+    assert forced.returncode == 0, forced.stderr
+    report = json.loads(forced.stdout)
+    assert report["signed"] is True and report["source_verified"] is False
+    assert report["verification"] == "not verified: --no-verify-source"
 
 
 def test_the_workflow_release_step_runs(signed, tmp_path):

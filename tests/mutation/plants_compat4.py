@@ -77,16 +77,16 @@ PLANTS = [
 
 ADVISORIES = ("tests/stack/test_advisories.py",)
 PLANTS += [
-    dict(name="compat4: backend.advisories: refuse resolves a critical pick", path="stack/resolve.py",
-         old='            if recipe.backend.advisories == "refuse" and critical:',
-         new="            if False:", first=ADVISORIES),
+    dict(name="compat4: a critical pick resolves unaccepted (issue 34: no backend.advisories)",
+         path="stack/resolve.py", old="            if critical:\n                refused += ",
+         new="            if False:\n                refused += ", first=ADVISORIES),
     dict(name="compat4: the refusal's fix is searched without the advisories", path="stack/advisories.py",
          old='        if found is None or picked_hits(matrix, found, severity="critical"):',
          new="        if found is None:", first=ADVISORIES),
     dict(name="compat4: lock --check lets a refused critical lock pass", path="cli.py",
          old="        _refuse_advisories(as_json, blocked, check=True, locks=checks)\n",
          new="", first=ADVISORIES),
-    dict(name="compat4: a high advisory blocks a lock under refuse", path="stack/advisories.py",
-         old='        if refuse and advisory.severity == "critical":',
-         new="        if refuse:", first=ADVISORIES),
+    dict(name="compat4: a high advisory blocks a lock", path="stack/advisories.py",
+         old='        if advisory.severity == "critical" and not taken:',
+         new="        if not taken:", first=ADVISORIES),
 ]

@@ -55,7 +55,7 @@ PLANTS = [
          old='{% if nodes > 1 %} && [ "${IMGFAB_ROLE:-leader}" != worker ]{% endif %}', new="",
          first=("tests/render/test_multinode.py",)),
     dict(name="fail closed: the gate not told the key file", path=ENTRYPOINT,
-         old='export IMGFAB_API_KEY_FILE="$api_key_file"\n', new="", first=FAIL_CLOSED),
+         old='{% else %}\nexport IMGFAB_API_KEY_FILE="$api_key_file"\n', new="{% else %}\n", first=FAIL_CLOSED),
     dict(name="fail closed: the opt-out label always false", path="render/context.py",
          old='"true" if recipe.serve.unauthenticated else "false"', new='"false"', first=FAIL_CLOSED),
     # --- where the port is published -----------------------------------------------------------

@@ -160,8 +160,8 @@ PLANTS = [
     Plant("build: index URL check accepts control characters", "docker/build.py",
           "    parts = urllib.parse.urlsplit(url) if not _CONTROL.search(url) else None",
           "    parts = urllib.parse.urlsplit(url)", ("tests/docker/test_build_secrets.py",)),
-    Plant("engine: child environment not scrubbed", "docker/engine.py",
-          "if not _SECRET_NAME.search(key)}", "if True}", ("tests/docker/test_build_secrets.py",)),
+    Plant("engine: child environment not scrubbed", "docker/toolenv.py",
+          "if not _SECRET_NAME.search(key)}", "if True}", ("tests/docker/test_tool_env.py",)),
     Plant("errors: redaction off", "errors.py",
           "    return _URL_PASSWORD.sub(r\"\\1***@\", text)", "    return text", ("tests/docker/test_build_secrets.py",)),
     # --- select/doctor, compat, cli ------------------------------------------------------

@@ -32,8 +32,12 @@ def published(matrix) -> list[Published]:
     """Images as `imgfab build` labels them: several CUDA floors, archs, backends, precisions."""
     specs = [
         ("a-strict-new", "qwen2-7b-h100", {"target__driver_policy": "strict", "target__driver": ">=999.0"}),
-        ("b-compat-cu12", "qwen2-7b-h100", {}),
-        ("c-l4-bf16", "llama31-8b-l4", {}),
+        # the examples as they were before issue 34 moved them to forward-compat: vLLM 0.19.1,
+        # its critical advisory accepted by name
+        ("b-compat-cu12", "qwen2-7b-h100", {"target__driver_policy": "minor-compat",
+                                            "backend__accept_advisories": ["CVE-2026-48746"]}),
+        ("c-l4-bf16", "llama31-8b-l4", {"target__driver_policy": "strict",
+                                        "backend__accept_advisories": ["CVE-2026-48746"]}),
         ("d-engine-sm90", "llama31-8b-h100-fp8-engine", {}),
         ("e-engine-sm89", "qwen2-7b-l40s-awq-engine", {}),
     ]

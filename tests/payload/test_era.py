@@ -26,11 +26,11 @@ from imgfab.payload.lock import Lock, LockedPackage, PayloadRequest
 from imgfab.recipe import load_recipe
 from imgfab.stack.resolve import resolve
 
-from conftest import REPO
+from conftest import REPO, VLLM_0191
 
 PYPI = REPO / "tests" / "fixtures" / "pypi"
 WHEEL_METADATA = REPO / "tests" / "fixtures" / "wheel_metadata"
-RECIPE = REPO / "recipes" / "qwen2-7b-h100.yaml"  # vllm 0.19.1, torch 2.10.0
+RECIPE = VLLM_0191  # vllm 0.19.1, torch 2.10.0, with its committed lock
 
 
 def _request_of(recipe_path: Path, compat_dir: Path | None = None) -> PayloadRequest:
@@ -108,7 +108,7 @@ def test_check_notices_a_moved_bound(tmp_path):
     """Same pins, another recorded upload time: the committed lock is stale, and its header
     line no longer matches what the matrix gives."""
     compat = _compat_copy(tmp_path)
-    committed = Lock.parse((REPO / "recipes" / "qwen2-7b-h100.lock").read_text(), "qwen2-7b-h100.lock")
+    committed = Lock.parse(RECIPE.with_suffix(".lock").read_text(), "qwen2-7b-h100.lock")
     assert lockmod.check_lock(str(RECIPE)).problem == ""
     _set_uploaded(compat, "0.19.1", "2026-04-20T00:00:00Z")
     moved = _request_of(RECIPE, compat)
@@ -182,7 +182,7 @@ def _locked(lock_path: Path) -> list[LockedPackage]:
 
 def test_the_committed_vllm_lock_is_inside_the_ranges_vllm_declares():
     request = _request_of(RECIPE)
-    lockmod.check_declared_ranges([_vllm_0191(), *_locked(REPO / "recipes" / "qwen2-7b-h100.lock")], request)
+    lockmod.check_declared_ranges([_vllm_0191(), *_locked(RECIPE.with_suffix(".lock"))], request)
 
 
 @pytest.mark.parametrize("name, version, declared, whose", [
@@ -194,7 +194,7 @@ def test_the_committed_vllm_lock_is_inside_the_ranges_vllm_declares():
 ])
 def test_a_pin_outside_a_declared_range_is_refused_naming_package_pin_and_range(name, version, declared, whose):
     request = _request_of(RECIPE)
-    packages = [_vllm_0191(), *(p for p in _locked(REPO / "recipes" / "qwen2-7b-h100.lock") if p.name != name),
+    packages = [_vllm_0191(), *(p for p in _locked(RECIPE.with_suffix(".lock")) if p.name != name),
                 LockedPackage(name, version, [], [])]
     with pytest.raises(CompatibilityError) as caught:
         lockmod.check_packages(packages, request, "12.8.2")

@@ -26,7 +26,7 @@ from imgfab.matrix import wheelzip
 from imgfab.errors import CompatibilityError
 from imgfab.payload.lock import IndexPin, Lock, LockedPackage, PayloadRequest
 
-from conftest import RECIPES, REPO
+from conftest import RECIPES, REPO, VLLM_0191
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from fake_payload import fake_cubin  # noqa: E402
@@ -559,5 +559,5 @@ def test_a_reviewed_wheel_of_another_cuda_major_is_allowed_only_where_reviewed(m
     lockmod.check_cuda_majors(mixed, request.other_majors_allowed)
     with pytest.raises(CompatibilityError, match="2 majors"):
         lockmod.check_cuda_majors(mixed + [_pkg("nvidia-nccl-cu12")], request.other_majors_allowed)
-    old = load_recipe(REPO / "recipes" / "qwen2-7b-h100.yaml")
+    old = load_recipe(VLLM_0191)  # vLLM 0.19.1 on CUDA 12
     assert lockmod.payload_request(old, resolve(old, matrix).stack).other_majors_allowed == ()

@@ -21,7 +21,7 @@ from imgfab.errors import RecipeError
 from imgfab.payload import lock as lockmod
 from imgfab.payload.lock import Lock
 
-from conftest import REPO
+from conftest import REPO, VLLM_0191
 
 RECIPE = "qwen2-7b-h100"
 HASH = "sha256:" + "e" * 64
@@ -283,7 +283,7 @@ def test_an_unreviewed_collision_path_is_refused_at_build(tmp_path, matrix):
 
 
 def test_the_committed_lock_still_checks_and_round_trips():
-    text = (REPO / "recipes" / f"{RECIPE}.lock").read_text()
+    text = VLLM_0191.with_suffix(".lock").read_text()  # the demo's vLLM 0.19.1 lock, 174 packages
     parsed = Lock.parse(text)
     assert len(parsed.packages) == 174 and parsed.layers()[0] == "venv" and parsed.parsed.collisions
 

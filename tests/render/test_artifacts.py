@@ -116,7 +116,8 @@ def test_run_sh_argv_argument_by_argument(name, strategy, matrix, tmp_path):
     publish = ["--publish", f"127.0.0.1:{port}:{port}"] + (
         ["--mount", f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly"]
         if recipe.backend.name == "vllm" else ["--env", "IMGFAB_ALLOW_UNAUTHENTICATED"])
-    expected = ["docker", "run", "--rm", "--name", recipe.name, "--gpus", f"count={gpus}",
+    # no registry: the image built here, never pulled (issue 34: not Docker Hub's of that name)
+    expected = ["docker", "run", "--rm", "--name", recipe.name, "--pull", "never", "--gpus", f"count={gpus}",
                 "--shm-size", recipe.image.shm_size, "--ulimit", "memlock=-1",
                 "--ulimit", "stack=67108864", *publish,
                 "--env", f"IMGFAB_PRESET={recipe.serve.preset}",

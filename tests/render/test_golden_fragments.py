@@ -58,36 +58,42 @@ _GATE = "--middleware imgfab.in_image.gate.ApiKeyGate"
 # Not pinned: the driver.strict_floor label (issue 31 decides whether it stays: check_driver
 # ignores it). k8s asks 4 CPUs and 16Gi of host memory per GPU plus the shm volume.
 PINNED: dict[str, dict[str, list[str]]] = {
+    # The demo (issue 34): the R535 fleet under forward-compat, vLLM 0.33.0 on torch 2.14.0 (CUDA
+    # 13.0.3), outside every critical advisory (minor-compat reached only 0.19.1, inside the
+    # critical API-key bypass CVE-2026-48746, fixed in 0.22.0): the R535 branch runs CUDA 13
+    # through the image's cuda-compat package, kept; the runtime guard is 11.0 (the branch check
+    # is the guard).
     "qwen2-7b-h100": {
         "Dockerfile": [
             *_KEYED,
-            "ARG BUILDER_IMAGE=nvidia/cuda:12.8.2-devel-ubuntu24.04\n",
-            "ARG RUNTIME_IMAGE=nvidia/cuda:12.8.2-base-ubuntu24.04\n",  # vLLM's wheels bring CUDA
+            "ARG BUILDER_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04\n",
+            "ARG RUNTIME_IMAGE=nvidia/cuda:13.0.3-base-ubuntu24.04\n",  # vLLM's wheels bring CUDA
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="chat"\n',
-            'NVIDIA_REQUIRE_CUDA="cuda>=12.0"',  # minor-compat: any CUDA 12 driver the floor admits
-            'VOLUME ["/models/qwen2-7b"]\n',
-            'org.imgfab.backend.version="0.19.1"', 'org.imgfab.cuda="12.8.2"',
-            'org.imgfab.driver.floor="525.60.13"', 'org.imgfab.driver.policy="minor-compat"',
-            'org.imgfab.gpu="H100-SXM"', 'org.imgfab.gpu.cc="9.0"',
-            # vLLM's kernels without the sm100 cubins the lock cuts (it serves 9.0)
-            'org.imgfab.archs="7.0,7.5,8.0,8.9,9.0,12.0"', 'org.imgfab.arch.exact="false"',
+            'NVIDIA_REQUIRE_CUDA="cuda>=11.0"', 'VOLUME ["/models/qwen2-7b"]\n',
+            'org.imgfab.backend.version="0.33.0"', 'org.imgfab.torch="2.14.0"', 'org.imgfab.cuda="13.0.3"',
+            'org.imgfab.driver.floor="535"', 'org.imgfab.driver.policy="forward-compat"',
+            'org.imgfab.advisories.accepted=""',  # nothing accepted: it is inside no critical advisory
+            'org.imgfab.gpu="H100-SXM"', 'org.imgfab.gpu.cc="9.0"', 'org.imgfab.arch.exact="false"',
             'org.imgfab.precision="fp8"', 'org.imgfab.kv_cache_dtype="fp8"',
-            'org.imgfab.precision.min_cc="7.5"',  # FP8 Marlin weight-only below 8.9 (0.14-0.21)
             'org.imgfab.tp="1"', 'org.imgfab.shm.min_bytes="17179869184"',  # 16 GiB
             'org.imgfab.model.revision="f2826a00ceef68f0f2b946d945ecc0477ce4450c"',
             'org.opencontainers.image.licenses="Apache-2.0"',
+            # vLLM 0.24+ samples with FlashInfer on 8.0-12.1: its kernels compiled by the builder
+            # for 9.0 alone (issue 33), the runtime's JIT off
+            "FLASHINFER_CUDA_ARCH_LIST=9.0 \\\n", "    FLASHINFER_DISABLE_JIT=1 \\\n", 'org.imgfab.jit="" \\\n',
         ],
-        "image.json": ['"org.imgfab.driver.floor": "525.60.13"', '"org.imgfab.gpu.cc": "9.0"'],
-        "requirements.lock": ["torch==2.10.0 \\\n    --hash=sha256:", "vllm==0.19.1 \\\n    --hash=sha256:"],
+        "image.json": ['"org.imgfab.driver.floor": "535"', '"org.imgfab.gpu.cc": "9.0"'],
+        "requirements.lock": ["torch==2.14.0 \\\n    --hash=sha256:", "vllm==0.33.0 \\\n    --hash=sha256:"],
         "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "32Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "32Gi"}',
                      'medium: "Memory"\n            sizeLimit: "16Gi"', "runAsUser: 10001\n",
-                     '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["525"]}',
-                     '{"key": "nvidia.com/cuda.driver.rev", "operator": "Gt", "values": ["12"]}'],
+                     '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["534"]}',
+                     # rendered without a registry: a name no registry serves (issue 34)
+                     'image: "REGISTRY.invalid/llm/qwen2-7b:vllm0.33.0-cu13.0.3-sm90-fp8-'],
         # not pinned: the k8s gpu.memory floor (the fit counts every weight at 1 byte, but
-        # online FP8 leaves the embeddings and lm_head in bf16). vLLM 0.19.1 is inside
-        # CVE-2026-48746, an API-key bypass: the port is published on the loopback address.
-        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
-        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT,
+        # online FP8 leaves the embeddings and lm_head in bf16), the archs label (which the
+        # lock's cubin cuts decide) and the publish address: the loopback address (serve.publish_address's default).
+        "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"', 'pull_policy: "never"'],
+        "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT, '--pull "$pull"\n',
                    '--mount "type=bind,source=${WEIGHTS_DIR},target=/models/qwen2-7b,readonly"'],
         "entrypoint.sh": _VLLM_FAILS_CLOSED,
     },
@@ -157,30 +163,32 @@ PINNED: dict[str, dict[str, list[str]]] = {
         "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT],
         "entrypoint.sh": _VLLM_FAILS_CLOSED,
     },
+    # R570 reaches CUDA 12.8 at most, where strict and minor-compat give vLLM 0.19.1 (inside the
+    # critical CVE-2026-48746); the L4 is a data-center GPU, so forward compatibility runs
+    # vLLM 0.33.0 on CUDA 13 (issue 34), as for the demo.
     "llama31-8b-l4": {
         "Dockerfile": [
             *_KEYED,
-            "ARG BUILDER_IMAGE=nvidia/cuda:12.8.2-devel-ubuntu24.04\n",
-            "ARG RUNTIME_IMAGE=nvidia/cuda:12.8.2-base-ubuntu24.04\n",
+            "ARG BUILDER_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04\n",
+            "ARG RUNTIME_IMAGE=nvidia/cuda:13.0.3-base-ubuntu24.04\n",
             _USER, _HEALTHCHECK, "EXPOSE 8000\n", 'ENV IMGFAB_PRESET="long-context"\n',
-            'NVIDIA_REQUIRE_CUDA="cuda>=12.8"',  # strict: the toolkit's own minor
-            'VOLUME ["/models/llama3.1-8b"]\n',
-            'org.imgfab.backend.version="0.19.1"', 'org.imgfab.cuda="12.8.2"',
-            'org.imgfab.driver.floor="570.124.06"', 'org.imgfab.driver.policy="strict"',
-            'org.imgfab.gpu="L4"', 'org.imgfab.gpu.cc="8.9"',
-            'org.imgfab.archs="7.0,7.5,8.0,8.9,9.0,12.0"', 'org.imgfab.precision="bf16"',
+            'NVIDIA_REQUIRE_CUDA="cuda>=11.0"', 'VOLUME ["/models/llama3.1-8b"]\n',
+            'org.imgfab.backend.version="0.33.0"', 'org.imgfab.torch="2.14.0"', 'org.imgfab.cuda="13.0.3"',
+            'org.imgfab.driver.floor="535"', 'org.imgfab.driver.policy="forward-compat"',
+            'org.imgfab.advisories.accepted=""',
+            'org.imgfab.gpu="L4"', 'org.imgfab.gpu.cc="8.9"', 'org.imgfab.precision="bf16"',
             'org.imgfab.shm.min_bytes="8589934592"',  # 8 GiB
             'org.opencontainers.image.licenses="LicenseRef-llama3.1"',
+            "FLASHINFER_CUDA_ARCH_LIST=8.9 \\", "    FLASHINFER_DISABLE_JIT=1 \\", 'org.imgfab.jit="" \\',
         ],
-        "image.json": ['"org.imgfab.driver.floor": "570.124.06"', '"org.imgfab.gpu.cc": "8.9"'],
-        "requirements.lock": ["torch==2.10.0 \\\n    --hash=sha256:", "vllm==0.19.1 \\\n    --hash=sha256:"],
+        "image.json": ['"org.imgfab.driver.floor": "535"', '"org.imgfab.gpu.cc": "8.9"'],
+        "requirements.lock": ["torch==2.14.0 \\\n    --hash=sha256:", "vllm==0.33.0 \\\n    --hash=sha256:"],
         "k8s.yaml": [_NO_SA_TOKEN, 'limits: {"memory": "24Gi", "nvidia.com/gpu": "1"}', 'requests: {"cpu": "4", "memory": "24Gi"}',
                      'medium: "Memory"\n            sizeLimit: "8Gi"', "runAsUser: 10001\n",
-                     '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["570"]}',
-                     '{"key": "nvidia.com/cuda.driver.minor", "operator": "Gt", "values": ["124"]}',
+                     '{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["534"]}',
                      # bf16 weights 16.1 GB + a 16384-token KV cache 2 GiB, over 0.92: 18875 MiB
                      '{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["18874"]}'],
-        # vLLM 0.19.1 (CVE-2026-48746; see qwen2-7b-h100): the loopback address
+        # the loopback address (serve.publish_address's default)
         "compose.yaml": ['shm_size: "8g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
         "run.sh": ["--gpus count=1\n", "--shm-size 8g\n", _PUBLISH, _API_KEY_MOUNT,
                    '--mount "type=bind,source=${WEIGHTS_DIR},target=/models/llama3.1-8b,readonly"'],
@@ -341,7 +349,7 @@ WEIGHTS_MOUNT = {"qwen2-7b-h100": "/models/qwen2-7b", "qwen2-7b-h200": "/models/
                  "qwen2-7b-l40s-awq-engine": "/models/qwen2-7b", FAKE: "/models/mistral-7b"}
 ENGINES = ("llama31-8b-h100-fp8-engine", "qwen2-7b-l40s-awq-engine")
 # the recipes whose builder compiles FlashInfer's kernels (vLLM >= 0.21 on 8.0-12.1)
-KERNELS = ("qwen2-7b-b200", "qwen2-7b-h200")
+KERNELS = ("llama31-8b-l4", "qwen2-7b-b200", "qwen2-7b-h100", "qwen2-7b-h200")
 
 _RENDERED: dict[str, dict[str, str]] = {}
 

@@ -2,6 +2,14 @@
 nodes; a LeaderWorkerSet validated against the LWS CRD's own schema; the entrypoint's leader and
 worker roles run with stubs; the leader's bounded wait; TensorRT-LLM across nodes refused.
 
+Issue 34 (Ray and secrets): every node runs Ray with token authentication (ray 2.55.1 and 2.60.0,
+read in their PyPI wheels: ``RAY_AUTH_MODE=token`` and the token file ``RAY_AUTH_TOKEN_PATH``, which
+``_raylet.so`` reads after ``RAY_AUTH_TOKEN``; ``ray start`` calls
+``ensure_token_if_auth_enabled(..., create_token_if_missing=False)``, so a node without the token
+does not start), the token from a file only, the head's dashboard off; the API key never in a
+``VLLM_*`` variable (vLLM's Ray executor copies those to every worker) and never mounted on a
+worker; NetworkPolicies admit Ray's ports only from the group and the serving port from clients.
+
 Sources, in kubernetes-sigs/lws@v0.10.0: ``tests/fixtures/schemas/leaderworkerset.crd.yaml``
 (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml, copied unchanged);
 api/leaderworkerset/v1/leaderworkerset_types.go: the pods' ``LWS_LEADER_ADDRESS`` variable and
@@ -32,8 +40,10 @@ RECIPE_405B = {
               "mount_path": "/models/llama3.1-405b", "license": "LicenseRef-llama3.1",
               "facts": {"parameters": 405853388800, "layers": 126, "attention_heads": 128,
                         "kv_heads": 8, "head_size": 128, "max_positions": 131072}},
+    # R535 under forward-compat (issue 34: minor-compat reaches only vLLM 0.19.1, inside the
+    # critical CVE-2026-48746; forward compatibility runs 0.33.0)
     "target": {"gpu": "H100-SXM", "count": 8, "pipeline_parallel": 2, "nodes": 2,
-               "driver": ">=535.104.05", "driver_policy": "minor-compat"},
+               "driver": ">=535.104.05", "driver_policy": "forward-compat"},
     "backend": {"name": "vllm"},
     "engine": {"dtype": "bfloat16"},
     "serve": {"max_model_len": 16384, "served_model_name": "llama3.1-405b"},
@@ -148,7 +158,11 @@ def test_leaderworkerset_pods_are_as_restricted_as_the_deployment(tmp_path):
         other = lws["spec"]["leaderWorkerTemplate"][role]["spec"]
         assert other["securityContext"] == pod["securityContext"]
         assert other["containers"][0]["securityContext"] == pod["containers"][0]["securityContext"]
-        assert other["volumes"] == pod["volumes"] and other["tolerations"] == pod["tolerations"]
+        assert other["tolerations"] == pod["tolerations"]
+        # the same volumes, and Ray's token; a worker has no API key (issue 34)
+        volumes = [v for v in other["volumes"] if v["name"] != "ray-token"]
+        expected = [v for v in pod["volumes"] if role == "leaderTemplate" or v["name"] != "api-key"]
+        assert volumes == expected
 
 
 def test_the_rest_of_a_multinode_k8s_yaml_passes_kubernetes_validate(tmp_path):
@@ -180,26 +194,42 @@ exit 0
 """
 
 
-def _entry(tmp_path: Path, role: str | None, wait_exit: int = 0, **extra: str):
+# The Ray cluster token the tests' nodes share, in a file (never on a command line).
+RAY_TOKEN = "ray-token-5f1c0d9e"
+
+
+def _entry(tmp_path: Path, role: str | None, wait_exit: int = 0, *, token: str | None = RAY_TOKEN,
+           **extra: str):
     """Run the rendered entrypoint with recording stubs for the probe, ray, python3 (the
     cluster wait, exiting ``wait_exit``) and vllm, the API key file mounted unless ``extra``
-    says otherwise; (result, the calls as argv lists)."""
+    says otherwise; (result, the calls as argv lists). Each stub also writes its environment to
+    ``tmp_path/env-<name>`` (see :func:`_env_of`). ``token``: the content of the Ray token file
+    IMGFAB_RAY_TOKEN_FILE names (None: no such file)."""
     import os
 
     stubs = tmp_path / "bin"
     stubs.mkdir(exist_ok=True)
     for name in ("imgfab-probe", "ray", "python3", "vllm"):
-        (stubs / name).write_text(RECORDER.replace("exit 0", f"exit {wait_exit}")
-                                  if name == "python3" else RECORDER)
+        recorder = RECORDER.replace("exit 0", f'env > "$STUB_ENV-{name}"\nexit 0')
+        (stubs / name).write_text(recorder.replace("exit 0", f"exit {wait_exit}")
+                                  if name == "python3" else recorder)
         (stubs / name).chmod(0o755)
     log = tmp_path / "calls"
     log.unlink(missing_ok=True)
+    for old in tmp_path.glob("env-*"):
+        old.unlink()
+    token_file = tmp_path / "ray-token"
+    token_file.unlink(missing_ok=True)
+    if token is not None:
+        token_file.write_text(token + "\n")
     key = tmp_path / "mounted-api-key"
     key.write_text("k-123\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("IMGFAB_ROLE", "IMGFAB_LEADER_ADDRESS", "LWS_LEADER_ADDRESS", "IMGFAB_PRESET",
-                        "IMGFAB_ALLOW_UNAUTHENTICATED")}
+                        "IMGFAB_ALLOW_UNAUTHENTICATED")
+           and not k.startswith(("RAY_", "VLLM_"))}
     env |= {"PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log),
+            "STUB_ENV": str(tmp_path / "env"), "IMGFAB_RAY_TOKEN_FILE": str(token_file),
             "IMGFAB_API_KEY_FILE": str(key), **extra}
     if role:
         env["IMGFAB_ROLE"] = role
@@ -209,13 +239,20 @@ def _entry(tmp_path: Path, role: str | None, wait_exit: int = 0, **extra: str):
     return result, [r.split("\x1f")[:-1] for r in records]
 
 
+def _env_of(tmp_path: Path, name: str) -> dict[str, str]:
+    """The environment the stub ``name`` was last started with (by :func:`_entry`)."""
+    lines = (tmp_path / f"env-{name}").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
 def test_entrypoint_leader_waits_for_the_cluster_then_serves_on_ray(tmp_path):
     _render(tmp_path)
     result, records = _entry(tmp_path, None)
     assert result.returncode == 0, result.stderr
     names = [r[0] for r in records]
     assert names == ["imgfab-probe", "ray", "python3", "vllm"]
-    assert records[1][1:] == ["start", "--head", "--port=6379", "--num-gpus=8", "--disable-usage-stats"]
+    assert records[1][1:] == ["start", "--head", "--port=6379", "--num-gpus=8", "--disable-usage-stats",
+                              "--include-dashboard=false"]  # the dashboard (job submission): off
     assert records[2][1:] == ["-m", "imgfab.in_image.cluster", "--nodes", "2", "--gpus", "16",
                               "--timeout", "600"]
     vllm = records[3]
@@ -341,8 +378,9 @@ def test_multinode_entrypoint_passes_shellcheck(tmp_path):
 
 # --- run.sh and compose.yaml for plain hosts: a leader role and a worker role ---------------
 
-def _run_sh(tmp_path: Path, *args: str, **extra: str):
-    """Run the rendered run.sh with a recording ``docker``; (result, its docker argv or None)."""
+def _run_sh(tmp_path: Path, *args: str, token: bool = True, **extra: str):
+    """Run the rendered run.sh with a recording ``docker``; (result, its docker argv or None).
+    ``token``: RAY_TOKEN_FILE names ``tmp_path/ray-token``, holding :data:`RAY_TOKEN`."""
     import os
 
     stubs = tmp_path / "bin"
@@ -352,7 +390,10 @@ def _run_sh(tmp_path: Path, *args: str, **extra: str):
     log = tmp_path / "docker-calls"
     log.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGFAB_")
-           and k not in ("API_KEY_FILE", "WEIGHTS_DIR", "HOST_PORT", "HOST_ADDR")}
+           and k not in ("API_KEY_FILE", "WEIGHTS_DIR", "HOST_PORT", "HOST_ADDR", "RAY_TOKEN_FILE", "IMAGE")}
+    if token:
+        (tmp_path / "ray-token").write_text(RAY_TOKEN + "\n")
+        env["RAY_TOKEN_FILE"] = str(tmp_path / "ray-token")
     env |= {"PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log), **extra}
     result = subprocess.run(["bash", str(tmp_path / "ctx" / "run.sh"), *args], env=env,
                             capture_output=True, text=True, timeout=60)
@@ -380,10 +421,13 @@ def test_run_sh_leader_role(tmp_path):
     assert result.returncode == 0, result.stderr
     image = f"{recipe.image.repository}:{context_image(files)['tag']}"
     assert argv == ["docker", "run", "--rm", "--name", f"{recipe.name}-leader",
+                    "--pull", "never",  # no registry: the image built here, never Docker Hub's
                     "--gpus", "count=8", *_common_argv(recipe),  # one node's 8 GPUs, not 16
                     "--env", "IMGFAB_ROLE=leader",
                     "--mount", f"type=bind,source={key},target=/run/secrets/imgfab-api-key,readonly",
-                    "--env", "IMGFAB_RAY_WAIT_S", "--env", "IMGFAB_RAY_ARGS", image]
+                    # Ray's cluster token: a read-only file, on every node
+                    "--mount", f"type=bind,source={tmp_path / 'ray-token'},target=/run/secrets/imgfab-ray-token,readonly",
+                    "--env", "IMGFAB_RAY_WAIT_S", "--env", "IMGFAB_RAY_ARGS", "--env", "IMGFAB_NODE_ADDRESS", image]
     # the same through the environment; and a leader is never started without its key
     same, again = _run_sh(tmp_path, WEIGHTS_DIR="/srv/weights", API_KEY_FILE=str(key),
                           IMGFAB_ROLE="leader")
@@ -396,10 +440,12 @@ def test_run_sh_worker_role_passes_the_leader_address(tmp_path):
     recipe, _, _ = _render(tmp_path)
     result, argv = _run_sh(tmp_path, "worker", "10.0.0.7", WEIGHTS_DIR="/srv/weights")
     assert result.returncode == 0, result.stderr  # a worker needs no API key
-    assert argv[:6] == ["docker", "run", "--rm", "--name", f"{recipe.name}-worker", "--gpus"]
+    assert argv[:8] == ["docker", "run", "--rm", "--name", f"{recipe.name}-worker", "--pull", "never", "--gpus"]
     tail = argv[argv.index("IMGFAB_PRESET=chat") + 5:]
     assert tail[:4] == ["--env", "IMGFAB_ROLE=worker", "--env", "IMGFAB_LEADER_ADDRESS=10.0.0.7"]
     assert not any("imgfab-api-key" in a for a in argv)
+    assert tail[4:6] == ["--mount", f"type=bind,source={tmp_path / 'ray-token'},"
+                                    "target=/run/secrets/imgfab-ray-token,readonly"]
     env_form, again = _run_sh(tmp_path, WEIGHTS_DIR="/srv/weights", IMGFAB_ROLE="worker",
                               IMGFAB_LEADER_ADDRESS="10.0.0.7")
     assert env_form.returncode == 0 and again == argv
@@ -436,7 +482,7 @@ def _compose_config(tmp_path: Path, *args: str, **extra: str) -> dict:
     compose = shutil.which("docker-compose")
     assert compose, "docker-compose missing: scripts/local-stack.sh up installs Debian's docker-compose"
     env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST" and not k.startswith("IMGFAB_")
-           and k != "API_KEY_FILE"} | {"WEIGHTS_DIR": "/srv/weights", **extra}
+           and k not in ("API_KEY_FILE", "RAY_TOKEN_FILE")} | {"WEIGHTS_DIR": "/srv/weights", **extra}
     result = subprocess.run([compose, "-f", str(tmp_path / "ctx" / "compose.yaml"), *args, "config"],
                             env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -446,7 +492,7 @@ def _compose_config(tmp_path: Path, *args: str, **extra: str) -> dict:
 def test_compose_renders_a_leader_and_a_worker_profile(tmp_path):
     recipe, _, _ = _render(tmp_path)
     config = _compose_config(tmp_path, "--profile", "worker", API_KEY_FILE="/srv/api-key",
-                             IMGFAB_LEADER_ADDRESS="10.0.0.7")
+                             IMGFAB_LEADER_ADDRESS="10.0.0.7", RAY_TOKEN_FILE="/srv/ray-token")
     leader = config["services"][recipe.name]
     worker = config["services"][f"{recipe.name}-worker"]
     assert "profiles" not in leader and worker["profiles"] == ["worker"]
@@ -459,11 +505,13 @@ def test_compose_renders_a_leader_and_a_worker_profile(tmp_path):
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 8
         assert service["read_only"] is True and service["shm_size"] == "64g"
         assert service["environment"]["IMGFAB_RAY_WAIT_S"] == "600"
-    assert leader["secrets"] == [{"source": "api_key", "target": "imgfab-api-key"}]
-    assert "secrets" not in worker
-    assert config["secrets"] == {"api_key": {"file": "/srv/api-key"}}
-    # a worker host sets neither the key nor anything but the leader's address
-    bare = _compose_config(tmp_path, "--profile", "worker", IMGFAB_LEADER_ADDRESS="10.0.0.7")
+    ray_token = {"source": "ray_token", "target": "imgfab-ray-token"}
+    assert leader["secrets"] == [{"source": "api_key", "target": "imgfab-api-key"}, ray_token]
+    assert worker["secrets"] == [ray_token]  # every node has Ray's token; a worker no API key
+    assert config["secrets"] == {"api_key": {"file": "/srv/api-key"}, "ray_token": {"file": "/srv/ray-token"}}
+    # a worker host sets no key, only the leader's address and Ray's token
+    bare = _compose_config(tmp_path, "--profile", "worker", IMGFAB_LEADER_ADDRESS="10.0.0.7",
+                           RAY_TOKEN_FILE="/srv/ray-token")
     assert bare["services"][f"{recipe.name}-worker"]["environment"]["IMGFAB_LEADER_ADDRESS"] == "10.0.0.7"
 
 
@@ -473,8 +521,8 @@ def test_entrypoint_passes_imgfab_ray_args_to_ray_start(tmp_path):
     _, worker = _entry(tmp_path, "worker", LWS_LEADER_ADDRESS="lws-0.lws", **extra)
     assert worker[-1][-2:] == ["--num-cpus=1", "--object-store-memory=104857600"]
     _, leader = _entry(tmp_path, "leader", **extra)
-    assert leader[1][1:] == ["start", "--head", "--port=6379", "--num-gpus=8",
-                             "--disable-usage-stats", "--num-cpus=1", "--object-store-memory=104857600"]
+    assert leader[1][1:] == ["start", "--head", "--port=6379", "--num-gpus=8", "--disable-usage-stats",
+                             "--include-dashboard=false", "--num-cpus=1", "--object-store-memory=104857600"]
 
 
 def test_a_multinode_payload_adds_ray_and_a_single_node_one_does_not(matrix):
@@ -488,6 +536,160 @@ def test_a_multinode_payload_adds_ray_and_a_single_node_one_does_not(matrix):
     assert not [l for l in metadata.read_text().splitlines()
                 if l.startswith("Requires-Dist: ray")]
     multinode = resolve(parse_recipe(copy.deepcopy(RECIPE_405B)), matrix).stack
-    assert "ray[cgraph]" in requirement_pins(multinode)
+    # at least the first ray with token authentication (2.52.0), which every node turns on
+    assert "ray[cgraph]>=2.52.0" in requirement_pins(multinode)
     single = yaml.safe_load((REPO / "recipes/qwen2-7b-h100.yaml").read_text())
     assert not [p for p in requirement_pins(resolve(parse_recipe(single), matrix).stack) if p.startswith("ray")]
+
+
+# --- issue 34: Ray's token on every node, the API key on the API server only, the network ----
+
+@pytest.mark.parametrize("role", ["leader", "worker"])
+def test_every_node_runs_ray_with_token_authentication_from_a_file(tmp_path, role):
+    _render(tmp_path)
+    extra = {"LWS_LEADER_ADDRESS": "lws-0.lws"} if role == "worker" else {}
+    # a token in the environment would win over the file in Ray (RAY_AUTH_TOKEN first): dropped
+    result, records = _entry(tmp_path, role, RAY_AUTH_TOKEN="env-token-0000", **extra)
+    assert result.returncode == 0, result.stderr
+    ran = [r[0] for r in records]
+    assert "ray" in ran
+    for name in {"ray", "python3", "vllm"} & set(ran):  # the node, the leader's wait, the server
+        env = _env_of(tmp_path, name)
+        assert env["RAY_AUTH_MODE"] == "token", name
+        assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "ray-token"), name
+        assert "RAY_AUTH_TOKEN" not in env and RAY_TOKEN not in env.values(), name
+    assert not [r for r in records if any(RAY_TOKEN in arg for arg in r)]  # never on a command line
+
+
+@pytest.mark.parametrize("token", [None, ""])
+@pytest.mark.parametrize("role", ["leader", "worker"])
+def test_a_node_without_the_ray_token_refuses_to_start_in_one_line(tmp_path, role, token):
+    _render(tmp_path)
+    result, records = _entry(tmp_path, role, token=token, LWS_LEADER_ADDRESS="lws-0.lws")
+    assert result.returncode == 2
+    assert [r[0] for r in records] == ["imgfab-probe"]  # no ray, no server
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"imgfab: no Ray cluster token at {tmp_path / 'ray-token'}: mount the same token file")
+
+
+def test_the_node_address_is_what_ray_advertises_on_both_roles(tmp_path):
+    _render(tmp_path)
+    _, leader = _entry(tmp_path, "leader", IMGFAB_NODE_ADDRESS="10.1.2.3")
+    assert "--node-ip-address=10.1.2.3" in leader[1]
+    _, worker = _entry(tmp_path, "worker", LWS_LEADER_ADDRESS="lws-0.lws", IMGFAB_NODE_ADDRESS="10.1.2.4")
+    assert "--node-ip-address=10.1.2.4" in worker[-1]
+
+
+def test_the_api_key_reaches_no_vllm_variable_and_no_ray_process(tmp_path):
+    # vLLM's Ray executor copies every VLLM_* variable of the server to each worker: across
+    # nodes the key stays in its file, which the API server reads (IMGFAB_API_KEY_FILE).
+    _render(tmp_path)
+    key = tmp_path / "api-key"
+    key.write_text("sk-issue34-leader-only\n")
+    result, records = _entry(tmp_path, "leader", IMGFAB_API_KEY_FILE=str(key),
+                             VLLM_API_KEY="sk-issue34-from-the-environment")
+    assert result.returncode == 0, result.stderr
+    assert "VLLM_API_KEY is ignored across nodes" in result.stderr
+    for name in ("ray", "python3", "vllm"):
+        env = _env_of(tmp_path, name)
+        assert not [k for k, v in env.items() if "sk-issue34" in v], name
+        assert not [k for k in env if k.startswith("VLLM_") and "KEY" in k], name
+    assert _env_of(tmp_path, "vllm")["IMGFAB_API_KEY_FILE"] == str(key)
+    assert not [r for r in records if any("sk-issue34" in arg for arg in r)]
+    key.write_text("")  # an empty key file is refused, as on one node
+    empty, _ = _entry(tmp_path, "leader", IMGFAB_API_KEY_FILE=str(key))
+    assert empty.returncode == 2 and "is empty" in empty.stderr
+
+
+def test_run_sh_needs_the_ray_token_file_on_both_roles(tmp_path):
+    _render(tmp_path)
+    key = tmp_path / "api-key"
+    key.write_text("k-123")
+    for args in (("leader",), ("worker", "10.0.0.7")):
+        result, argv = _run_sh(tmp_path, *args, token=False, WEIGHTS_DIR="/srv/weights", API_KEY_FILE=str(key))
+        assert result.returncode != 0 and argv is None, args
+        assert "RAY_TOKEN_FILE" in result.stderr, args
+        empty = tmp_path / "empty-token"
+        empty.write_text("")
+        result, argv = _run_sh(tmp_path, *args, token=False, WEIGHTS_DIR="/srv/weights",
+                               API_KEY_FILE=str(key), RAY_TOKEN_FILE=str(empty))
+        assert result.returncode == 2 and argv is None and "not a file with a token" in result.stderr, args
+
+
+def _pods(lws: dict) -> dict[str, tuple[dict, dict]]:
+    """role → (the pod's labels as LWS gives them to group 0, its spec)."""
+    name = lws["metadata"]["name"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    base = {"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": "0"}
+    return {"leader": (template["leaderTemplate"]["metadata"]["labels"] | base
+                       | {"leaderworkerset.sigs.k8s.io/worker-index": "0"}, template["leaderTemplate"]["spec"]),
+            "worker": (template["workerTemplate"]["metadata"]["labels"] | base
+                       | {"leaderworkerset.sigs.k8s.io/worker-index": "1"}, template["workerTemplate"]["spec"])}
+
+
+def test_no_worker_pod_mounts_the_api_key_and_every_pod_mounts_the_ray_token(tmp_path):
+    _, _, files = _render(tmp_path)
+    docs = [d for d in yaml.safe_load_all(files["k8s.yaml"]) if d]
+    (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    pods = _pods(lws)
+    secrets = {role: {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+               for role, (_, spec) in pods.items()}
+    assert secrets == {"leader": {"llama31-405b-h100-api-key", "llama31-405b-h100-ray-token"},
+                       "worker": {"llama31-405b-h100-ray-token"}}
+    for role, (_, spec) in pods.items():
+        mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert "/run/secrets/imgfab-ray-token" in mounts, role
+        assert ("/run/secrets/imgfab-api-key" in mounts) == (role == "leader"), role
+        assert not [e for e in spec["containers"][0]["env"] if "KEY" in e["name"] or "TOKEN" in e["name"]]
+
+
+def _admitted(policies: list[dict], to: dict[str, str], source: dict[str, str], port: int) -> bool:
+    """Whether a TCP connection from a pod labelled ``source`` to ``port`` of a pod labelled
+    ``to`` is admitted, as the NetworkPolicy API defines it (a pod no policy selects takes all
+    traffic; a selected pod takes what any selecting policy's ingress rules admit): the subset
+    these policies use, podSelector matchLabels and ports."""
+    def matches(selector: dict, labels: dict) -> bool:
+        return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+    selecting = [p for p in policies if matches(p["spec"]["podSelector"], to)
+                 and "Ingress" in p["spec"]["policyTypes"]]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            peers = rule.get("from")
+            ports = rule.get("ports")
+            if (peers is None or any(matches(peer["podSelector"], source) for peer in peers)) and \
+                    (ports is None or any(p["port"] == port for p in ports)):
+                return True
+    return False
+
+
+def test_network_policies_admit_ray_only_from_the_group_and_serving_from_clients(tmp_path):
+    _, _, files = _render(tmp_path)
+    docs = [d for d in yaml.safe_load_all(files["k8s.yaml"]) if d]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    pods = _pods(lws)
+    leader, worker = pods["leader"][0], pods["worker"][0]
+    stranger = {"app": "anything-else"}
+    other_group = worker | {"leaderworkerset.sigs.k8s.io/group-index": "1"}
+    assert _admitted(policies, leader, worker, 6379) and _admitted(policies, worker, leader, 12345)
+    assert not _admitted(policies, leader, stranger, 6379)       # the GCS: only the group
+    assert not _admitted(policies, worker, stranger, 10001)       # a worker's Ray: only the group
+    assert not _admitted(policies, leader, other_group, 6379)     # another replica's pods: no
+    assert not _admitted(policies, other_group, worker, 6379)     # a scaled-up group stays closed
+    assert _admitted(policies, leader, stranger, 8000)            # clients: the serving port
+    assert not _admitted(policies, worker, stranger, 8000)        # which workers do not serve
+    assert _admitted([], leader, stranger, 6379)  # the evaluator: no policy admits everything
+
+
+def test_without_a_registry_k8s_names_an_image_no_registry_serves(tmp_path):
+    _, _, files = _render(tmp_path)
+    text = files["k8s.yaml"]
+    images = {c["image"] for d in yaml.safe_load_all(text) if d and d["kind"] == "LeaderWorkerSet"
+              for t in ("leaderTemplate", "workerTemplate")
+              for c in d["spec"]["leaderWorkerTemplate"][t]["spec"]["containers"]}
+    (image,) = images
+    assert image.startswith("REGISTRY.invalid/llm/llama3.1-405b:vllm")
+    assert "# NOT DEPLOYABLE AS RENDERED: no registry was given" in text

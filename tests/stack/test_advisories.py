@@ -9,12 +9,20 @@ strict resolves to vLLM 0.10.1.1 (inside both), and minor-compat gives 0.19.1.
 The stacks are resolved against the frozen matrix (tests/fixtures/compat_frozen); the releases the
 notes name are its rows: 0.33.0 is its newest vLLM (torch 2.14.0, strict floor 580.95.05), 0.19.1
 its newest CUDA 12 one (torch 2.10.0), 0.22.0 the oldest outside CVE-2026-48746.
+
+Issue 34: a critical advisory is a decision, not a default. A stack inside one is refused unless
+the recipe names it in ``backend.accept_advisories`` (the frozen recipes name CVE-2026-48746, so
+the note tests below resolve; the refusal tests take the acceptance out), the accepted ones are in
+the image's labels and said by ``select``, and ``init``, ``validate`` and ``lock`` print them.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -55,7 +63,8 @@ def test_an_advisory_the_other_policy_does_not_fix_names_a_newer_driver(frozen_m
     stack = resolve(parse_recipe(_recipe(driver=">=560.35.03", driver_policy="strict")), frozen_matrix).stack
     [note] = _notes(stack, "CVE-2026-48746 (critical 9.1)")
     assert note.endswith("affected >=0.3.0,<0.22.0, fixed in 0.22.0; "
-                         "target.driver ≥ 580.95.05 gives vllm 0.33.0"), note
+                         "target.driver ≥ 580.95.05 gives vllm 0.33.0; "
+                         "accepted by backend.accept_advisories"), note
 
 
 def test_a_pinned_release_names_dropping_the_pin(frozen_matrix):
@@ -123,47 +132,106 @@ def test_a_malformed_advisory_is_refused(tmp_path, change, message):
     assert message in str(info.value) and "GHSA-2pc9-4j83-qjmr" in str(info.value)
 
 
-# --- backend.advisories: refuse, and the torch/transformers rows (issue 20, item 6) -------------
+# --- a critical advisory refuses unless named (issue 34; before: backend.advisories) ---------
 
-def _refusing(version: str | None = None, **target) -> dict:
+def _unaccepted(version: str | None = None, **target) -> dict:
     data = _recipe(**target)
-    data["backend"]["advisories"] = "refuse"
+    data["backend"].pop("accept_advisories")
     if version:
         data["backend"]["version"] = version
     return data
 
 
-def test_refuse_turns_a_critical_pick_into_a_refusal_that_names_it_and_a_fix_outside_it(frozen_matrix):
+def test_a_critical_pick_not_named_is_refused_with_forward_compat_as_the_way_out(frozen_matrix):
     from imgfab.errors import CompatibilityError
 
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(_refusing("==0.19.1")), frozen_matrix)
+        resolve(parse_recipe(_unaccepted("==0.19.1")), frozen_matrix)
     error = caught.value
-    assert error.field == "backend.advisories"
+    assert error.field == "backend.accept_advisories"
     assert "vllm 0.19.1 is inside CVE-2026-48746 (critical 9.1), fixed in 0.22.0" in error.message
     # the recipe's R535 under minor-compat reaches no CUDA 13 release; R535 runs 13.0 by forward compatibility
     assert error.fix == ("dropping backend.version and target.driver_policy: forward-compat gives vllm 0.33.0 "
-                         "with torch 2.14.0, outside every critical advisory")
+                         "with torch 2.14.0, outside every critical advisory; forward compatibility runs "
+                         "the newer CUDA on the fleet's driver through the image's cuda-compat package, "
+                         "on data-center GPUs only")
 
 
-def test_refuse_skips_critical_releases_for_an_older_clean_one_or_names_the_driver(frozen_matrix):
+def test_the_unpinned_r535_recipe_is_refused_naming_the_advisory_not_the_newer_releases(frozen_matrix):
+    # The demo's fleet: H100 on R535 under minor-compat. The CUDA 13 releases fail on the
+    # driver; 0.19.1, the newest that fits, is inside CVE-2026-48746: that is the refusal.
+    from imgfab.errors import CompatibilityError
+
+    with pytest.raises(CompatibilityError) as caught:
+        resolve(parse_recipe(_unaccepted()), frozen_matrix)
+    assert caught.value.field == "backend.accept_advisories"
+    assert caught.value.message.startswith(
+        "no vllm stack outside the critical advisories fits H100-SXM with driver 535.104.05 (minor-compat)")
+    assert "the newest that fits: vllm 0.19.1: vllm 0.19.1 is inside CVE-2026-48746" in caught.value.message
+    assert caught.value.fix.startswith("target.driver_policy: forward-compat gives vllm 0.33.0")
+
+
+def test_refusal_skips_critical_releases_or_names_the_driver(frozen_matrix):
     # Strict on R560: 0.10.1.1 would be picked, inside CVE-2026-48746 (critical); every release
     # the driver allows is inside it, so the refusal's fix is a newer driver, not a policy that
     # gives 0.19.1 (itself inside it).
     from imgfab.errors import CompatibilityError
 
     with pytest.raises(CompatibilityError) as caught:
-        resolve(parse_recipe(_refusing(driver=">=560.35.03", driver_policy="strict")), frozen_matrix)
+        resolve(parse_recipe(_unaccepted(driver=">=560.35.03", driver_policy="strict")), frozen_matrix)
     assert caught.value.fix == ("target.driver ≥ 580.95.05 gives vllm 0.33.0 with torch 2.14.0, "
                                 "outside every critical advisory")
 
 
-def test_note_is_the_default_and_a_high_advisory_never_refuses(frozen_matrix):
-    # R580 strict picks 0.33.0, past 0.22.0: no critical advisory, so refuse resolves the same.
-    plain = resolve(parse_recipe(_recipe(driver=">=580.95.05", driver_policy="strict")), frozen_matrix).stack
-    refusing = resolve(parse_recipe(_refusing(driver=">=580.95.05", driver_policy="strict")), frozen_matrix).stack
-    assert plain.backend_version == refusing.backend_version == "0.33.0"
-    assert parse_recipe(_recipe()).backend.advisories == "note"
+def _frozen_with_row(tmp_path, affected: str, severity: str = "critical") -> Path:
+    """The frozen compat with one vLLM advisory row added, CVE-2099-0002."""
+    compat = tmp_path / "compat"
+    shutil.copytree(FROZEN_COMPAT, compat)
+    path = compat / "advisories.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["advisories"].append({"id": "CVE-2099-0002", "aliases": ["GHSA-2222-3333-4444"],
+                               "package": "vllm", "affected": affected, "fixed": "99.0.0",
+                               "severity": severity, "cvss": "", "summary": "a row of this test",
+                               "source": "https://example.invalid/row", "confirmed": True})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return compat
+
+
+def test_the_resolver_prefers_an_older_release_outside_every_critical_advisory(tmp_path):
+    # R580 strict fits 0.33.0, the newest; a critical row on 0.33.0 alone leaves 0.26.0, the
+    # next release the frozen matrix holds, outside every critical advisory: that one is picked.
+    from imgfab.matrix.compat import load_matrix
+
+    matrix = load_matrix(_frozen_with_row(tmp_path, "==0.33.0"))
+    recipe = _unaccepted(driver=">=580.95.05", driver_policy="strict")
+    stack = resolve(parse_recipe(recipe), matrix).stack
+    assert stack.backend_version == "0.26.0"
+    # named by an alias, the advisory is accepted: the newest is picked, its note says so
+    recipe["backend"]["accept_advisories"] = ["GHSA-2222-3333-4444"]
+    accepted = resolve(parse_recipe(recipe), matrix).stack
+    assert accepted.backend_version == "0.33.0"
+    [note] = _notes(accepted, "CVE-2099-0002 (GHSA-2222-3333-4444; critical)")
+    assert note.endswith("; accepted by backend.accept_advisories"), note
+
+
+def test_a_high_advisory_never_refuses_and_nothing_is_accepted_by_default(tmp_path, frozen_matrix):
+    from imgfab.matrix.compat import load_matrix
+
+    matrix = load_matrix(_frozen_with_row(tmp_path, "==0.33.0", severity="high"))
+    stack = resolve(parse_recipe(_unaccepted(driver=">=580.95.05", driver_policy="strict")), matrix).stack
+    assert stack.backend_version == "0.33.0" and _notes(stack, "CVE-2099-0002 (GHSA-2222-3333-4444; high)")
+    assert parse_recipe(_unaccepted()).backend.accept_advisories == ()
+
+
+def test_an_acceptance_naming_no_known_advisory_is_refused(frozen_matrix):
+    from imgfab.errors import RecipeError
+
+    data = _recipe()
+    data["backend"]["accept_advisories"] = ["CVE-2026-48764"]  # digits swapped: accepts nothing
+    with pytest.raises(RecipeError) as caught:
+        resolve(parse_recipe(data), frozen_matrix)
+    assert caught.value.field == "backend.accept_advisories"
+    assert caught.value.message.startswith("CVE-2026-48764: no advisory of compat/advisories.yaml")
 
 
 def test_torch_rows_hold_the_releases_their_advisories_name(frozen_matrix):
@@ -190,12 +258,111 @@ def test_transformers_rows_and_the_locked_set(frozen_matrix):
     assert locked_hits(frozen_matrix, {"transformers": "5.3.0", "torch": "2.10.0"}) == []
 
 
-def test_refuse_is_a_recipe_field_with_two_values():
+@pytest.mark.parametrize("value, message", [
+    ("note", "backend.advisories (note/refuse) was replaced by backend.accept_advisories"),
+    ("refuse", "backend.advisories (note/refuse) was replaced by backend.accept_advisories"),
+])
+def test_the_old_blanket_field_is_refused_naming_its_replacement(value, message):
     from imgfab.errors import RecipeError
 
+    data = _recipe()
+    data["backend"]["advisories"] = value
     with pytest.raises(RecipeError) as caught:
-        parse_recipe(_refusing() | {"backend": {"name": "vllm", "advisories": "ignore"}})
-    assert caught.value.field == "backend.advisories" and "'note' or 'refuse'" in caught.value.message
+        parse_recipe(data)
+    assert caught.value.field == "backend.advisories" and message in caught.value.message
+
+
+@pytest.mark.parametrize("accepted, message", [
+    (["cve-2026-48746"], "is not an advisory id"),
+    (["CVE-2026-48746", "CVE-2026-48746"], "names an advisory twice"),
+    (["GHSA-2pc9-4j83-qjmr; rm"], "is not an advisory id"),
+])
+def test_accept_advisories_takes_advisory_ids_only(accepted, message):
+    from imgfab.errors import RecipeError
+
+    data = _recipe()
+    data["backend"]["accept_advisories"] = accepted
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(data)
+    assert caught.value.field == "backend.accept_advisories" and message in caught.value.message
+
+
+def test_the_acceptance_is_in_the_labels_and_select_says_so(frozen_matrix):
+    from imgfab.recipe import recipe_hash
+    from imgfab.render.context import image_labels
+
+    recipe = parse_recipe(_recipe())
+    stack = resolve(recipe, frozen_matrix).stack
+    labels = image_labels(recipe, stack, recipe_hash(recipe), "config.json")
+    assert labels["org.imgfab.advisories.accepted"] == "CVE-2026-48746"
+    plain = parse_recipe(_recipe(driver=">=580.95.05", driver_policy="strict") | {"backend": {"name": "vllm"}})
+    assert image_labels(plain, stack, recipe_hash(plain), "config.json")["org.imgfab.advisories.accepted"] == ""
+    image = Candidate(Published("r/x", "old", "sha256:" + "0" * 64, {
+        "org.imgfab.backend": "vllm", "org.imgfab.backend.version": "0.19.1", "org.imgfab.torch": "2.10.0",
+        "org.imgfab.advisories.accepted": labels["org.imgfab.advisories.accepted"]}),
+        [Verdict(True, "driver", "ok")])
+    [line] = advisory_lines(frozen_matrix, image, [image])
+    assert line.startswith("vllm 0.19.1 is inside CVE-2026-48746 (critical 9.1) "
+                           "(accepted by its recipe: backend.accept_advisories): "), line
+    bare = Candidate(Published("r/x", "bare", "sha256:" + "1" * 64, {
+        "org.imgfab.backend": "vllm", "org.imgfab.backend.version": "0.19.1", "org.imgfab.torch": "2.10.0"}),
+        [Verdict(True, "driver", "ok")])
+    assert "accepted" not in advisory_lines(frozen_matrix, bare, [bare])[0]
+
+
+def _recipe_file(tmp_path, data: dict) -> Path:
+    path = tmp_path / "h100-r535.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_validate_refuses_an_unaccepted_critical_stack_and_prints_an_accepted_one(tmp_path):
+    refused = CliRunner().invoke(cli, ["validate", str(_recipe_file(tmp_path, _unaccepted())),
+                                       "--compat-dir", str(FROZEN_COMPAT)])
+    assert refused.exit_code == 2, refused.output
+    assert "backend.accept_advisories: no vllm stack outside the critical advisories" in refused.output
+    assert "CVE-2026-48746" in refused.output
+    accepted = CliRunner().invoke(cli, ["validate", str(_recipe_file(tmp_path, _recipe())),
+                                        "--compat-dir", str(FROZEN_COMPAT), "--json"])
+    assert accepted.exit_code == 0, accepted.output
+    [entry] = json.loads(accepted.stdout)["recipes"]
+    [line] = [a for a in entry["advisories"] if "CVE-2026-48746" in a]
+    assert line.startswith("vllm 0.19.1 is inside CVE-2026-48746") and line.endswith(
+        "accepted by backend.accept_advisories")
+    text = CliRunner().invoke(cli, ["validate", str(_recipe_file(tmp_path, _recipe())),
+                                    "--compat-dir", str(FROZEN_COMPAT)])
+    assert "  advisory: vllm 0.19.1 is inside CVE-2026-48746" in text.output
+
+
+def _imgfab(*args: str) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: its own error handling turns a refusal into one line."""
+    return subprocess.run([sys.executable, "-m", "imgfab.cli", *args, "--compat-dir", str(FROZEN_COMPAT)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_init_on_r535_names_the_advisory_and_forward_compat(tmp_path):
+    target = tmp_path / "starter.yaml"
+    answers = ("init", "--model", "Qwen/Qwen2-7B-Instruct", "--revision",
+               "f2826a00ceef68f0f2b946d945ecc0477ce4450c", "--gpu", "H100", "--driver", "535.104.05",
+               "--output", str(target))
+    result = _imgfab(*answers)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert "vllm 0.19.1 is inside CVE-2026-48746" in line
+    assert "target.driver_policy: forward-compat gives vllm 0.33.0" in line
+    assert not target.exists()
+    fc = _imgfab(*answers, "--policy", "forward-compat")
+    assert fc.returncode == 0, fc.stderr
+    assert "resolves to vllm 0.33.0" in fc.stdout and "advisory:" not in fc.stdout
+
+
+def test_lock_refuses_a_critical_stack_before_resolving_any_payload(tmp_path):
+    # no lock file, no index: the refusal comes from the stack, named, before uv is asked
+    path = _recipe_file(tmp_path, _unaccepted())
+    for args in (["lock", "--check"], ["lock"]):
+        result = _imgfab(*args, str(path))
+        assert result.returncode == 2, (args, result.stderr)
+        assert "vllm 0.19.1 is inside CVE-2026-48746" in result.stderr, args
 
 
 def _with_row(tmp_path, package: str, affected: str, severity: str):
@@ -219,14 +386,14 @@ def _locked(name: str) -> str:
     return line.split("==", 1)[1].split()[0]
 
 
-@pytest.mark.parametrize("refuse, severity, code", [(False, "critical", 0), (True, "high", 0), (True, "critical", 2)])
-def test_lock_check_reads_the_whole_locked_set_against_the_advisories(tmp_path, refuse, severity, code):
+@pytest.mark.parametrize("accept, severity, code", [(True, "critical", 0), (False, "high", 0), (False, "critical", 2)])
+def test_lock_check_reads_the_whole_locked_set_against_the_advisories(tmp_path, accept, severity, code):
     # transformers is no top-level pin (vllm's requirement resolves it): only the lock knows it.
     version = _locked("transformers")
     compat = _with_row(tmp_path, "transformers", f"<={version}", severity)
     data = yaml.safe_load((REPO / "recipes" / "qwen2-7b-h200.yaml").read_text())
-    if refuse:
-        data["backend"]["advisories"] = "refuse"
+    if accept:
+        data["backend"]["accept_advisories"] = ["CVE-2099-0001"]
     recipe = tmp_path / "qwen2-7b-h200.yaml"
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     shutil.copy(REPO / "recipes" / "qwen2-7b-h200.lock", tmp_path)
@@ -235,8 +402,10 @@ def test_lock_check_reads_the_whole_locked_set_against_the_advisories(tmp_path, 
     assert f"advisory: transformers {version} (locked) is inside CVE-2099-0001" in result.output
     if code == 2:
         [line] = [l for l in result.output.splitlines() if l.startswith("imgfab: ")]
-        assert line.startswith("imgfab: backend.advisories: locked packages inside critical advisories: "
-                               f"qwen2-7b-h200: transformers {version} (CVE-2099-0001, fixed in 99.0.0)")
+        assert line.startswith("imgfab: backend.accept_advisories: locked packages inside critical "
+                               f"advisories: qwen2-7b-h200: transformers {version} (CVE-2099-0001, fixed in 99.0.0)")
+    if accept:
+        assert "CVE-2099-0001" in result.output and "accepted by backend.accept_advisories" in result.output
     as_json = CliRunner().invoke(cli, ["lock", "--check", "--json", "--compat-dir", str(compat), str(recipe)])
     [entry] = json.loads(as_json.stdout)["locks"]
     assert any("CVE-2099-0001" in note for note in entry["advisories"])

@@ -18,7 +18,10 @@ from conftest import FROZEN_COMPAT, FROZEN_RECIPES, REPO
 def _recipe(gpu: str, driver: str = ">=580.65.06", kv: str = "auto", **extra):
     from imgfab.recipe import parse_recipe
 
-    data = {"name": "jit", "model": {"id": "/models/m"}, "backend": {"name": "vllm"},
+    # vLLM before 0.22.0 is inside CVE-2026-48746 (critical): accepted by name (issue 34), so
+    # the releases these rules are about still resolve.
+    data = {"name": "jit", "model": {"id": "/models/m"},
+            "backend": {"name": "vllm", "accept_advisories": ["CVE-2026-48746"]},
             "target": {"gpu": gpu, "driver": driver}, "engine": {"kv_cache_dtype": kv},
             "image": {"repository": "imgfab-test/jit"}} | extra
     return parse_recipe(data)
@@ -60,7 +63,7 @@ def test_vllm_021_and_later_carry_the_payload_toolchain(gpu, version, jit, toolk
     so the runtime stays -base but carries nvcc from the payload (CUDA_HOME view)."""
     from imgfab.stack.resolve import resolve
 
-    backend = {"name": "vllm"} | ({"version": version} if version else {})
+    backend = {"name": "vllm", "accept_advisories": ["CVE-2026-48746"]} | ({"version": version} if version else {})
     stack = resolve(_recipe(gpu, driver=">=580.95.05", backend=backend), frozen_matrix).stack
     assert stack.jit == jit, (stack.backend_version, stack.jit)
     assert stack.runtime_flavor == "base"

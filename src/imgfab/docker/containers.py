@@ -12,6 +12,7 @@ import subprocess
 from typing import Any
 
 from imgfab.errors import EngineError
+from imgfab.docker.toolenv import tool_env
 
 
 def _client() -> Any:
@@ -187,7 +188,7 @@ def run_python(image: str, script: str, args: list[str] | tuple[str, ...] = (), 
                "--entrypoint", "/opt/venv/bin/python", image, "-", *args]
     try:
         done = subprocess.run(command, input=script, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+                              timeout=timeout_s, check=False, env=tool_env("docker"))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EngineError(f"docker run {image} failed: {_one_line(exc)}", field="engine",
                           fix="check the engine (DOCKER_HOST) and run again") from None

@@ -160,10 +160,10 @@ def _from_helper(registry: str, helper: str, server: str) -> Credentials | None:
                             f"{program} is not on PATH", field="registry",
                             fix=f"install {program}, or remove it from the Docker config")
     try:
-        from imgfab.docker.engine import child_env  # noqa: PLC0415
+        from imgfab.docker.toolenv import helper_env  # noqa: PLC0415
 
         result = subprocess.run([program, "get"], input=server, capture_output=True, text=True,
-                                timeout=30, check=False, env=child_env())
+                                timeout=30, check=False, env=helper_env())
     except subprocess.TimeoutExpired:
         raise RegistryError(f"{program} get did not answer within 30s", field="registry",
                             fix="unlock the keychain / check the helper") from None

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from imgfab.errors import EngineError
+from imgfab.docker.toolenv import tool_env
 from imgfab.docker.containers import (_client, _one_line, container_logs, container_running,
                                       exec_in, remove_container, remove_volume, run_container,
                                       run_python)
 
 # The engine's whole surface: images and builds here, containers in imgfab.docker.containers.
 __all__ = ["COMPRESSIONS", "MIN_ENGINE", "EngineFacts", "add_labels", "build", "buildx_version",
-           "check_engine", "child_env",
-           "compile_caps", "container_logs", "container_running", "docker_cli", "docker_info",
-           "engine_facts", "exec_in", "image_history", "inspect_image", "push_image",
+           "check_engine", "compile_caps", "container_logs", "container_running", "docker_cli",
+           "docker_info", "engine_facts", "exec_in", "image_history", "inspect_image", "push_image",
            "remove_container", "remove_image", "remove_volume", "run_container", "run_python",
            "save_image", "save_stream", "tag"]
 
@@ -349,23 +349,9 @@ def docker_cli() -> str:
     return cli
 
 
-# What a child process (the docker CLI, a credential helper) never inherits: imgfab's own
-# settings (the registry password, a pip index URL with credentials) and anything named like
-# a secret.
-_SECRET_NAME = re.compile(r"^IMGFAB_|PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY",
-                          re.IGNORECASE)
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a child process: this one's, scrubbed of :data:`_SECRET_NAME`
-    variables, plus ``extra``."""
-    env = {key: value for key, value in os.environ.items() if not _SECRET_NAME.search(key)}
-    env.update(extra or {})
-    return env
-
-
 def _build_env() -> dict[str, str]:
-    return child_env({"DOCKER_BUILDKIT": "1"})
+    """The docker CLI's environment: its allow-list (:mod:`imgfab.docker.toolenv`), BuildKit on."""
+    return tool_env("docker", {"DOCKER_BUILDKIT": "1"})
 
 
 def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),

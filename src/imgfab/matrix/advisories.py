@@ -40,6 +40,11 @@ class Advisory(Sourced):
             return False
         return SpecifierSet(self.affected).contains(Version(version), prereleases=True)
 
+    def named_in(self, ids: tuple[str, ...] | list[str]) -> bool:
+        """Whether ``ids`` (a recipe's ``backend.accept_advisories``) name this advisory, by
+        its id or one of its aliases."""
+        return self.id in ids or any(alias in ids for alias in self.aliases)
+
     def label(self) -> str:
         """``GHSA-… (CVE-…, high 8.8)``, the way a note names it."""
         names = ", ".join(self.aliases)

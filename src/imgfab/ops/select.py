@@ -250,7 +250,8 @@ def advisory_lines(matrix: Matrix, best: Candidate, candidates: list[Candidate])
     torch release, naming the newest other fitting image outside it, if any.
 
     E.g. "vllm 0.10.1.1 is inside GHSA-2pc9-4j83-qjmr (...), fixed in 0.14.0; fitting image
-    outside it: vllm0.19.1-cu12.8.2-sm90-fp8-… (vllm 0.19.1)"."""
+    outside it: vllm0.19.1-cu12.8.2-sm90-fp8-… (vllm 0.19.1)". An advisory the image's
+    ``org.imgfab.advisories.accepted`` label names is said to be accepted by its recipe."""
     def picked(c: Candidate) -> list[tuple[str, str]]:
         labels = c.image.labels if isinstance(c.image.labels, dict) else {}
         found = [(labels.get(f"{P}.backend", ""), labels.get(f"{P}.backend.version", "")),
@@ -260,6 +261,8 @@ def advisory_lines(matrix: Matrix, best: Candidate, candidates: list[Candidate])
     def inside(c: Candidate, advisory: Any, package: str) -> bool:
         return any(name == package and advisory.affects(name, version) for name, version in picked(c))
 
+    labels = best.image.labels if isinstance(best.image.labels, dict) else {}
+    accepted = tuple(filter(None, labels.get(f"{P}.advisories.accepted", "").split(",")))
     lines = []
     for package, version in picked(best):
         for advisory in matrix.advisories_for(package, version):
@@ -269,7 +272,9 @@ def advisory_lines(matrix: Matrix, best: Candidate, candidates: list[Candidate])
             where = (f"fitting image outside it: {other.tag} ({package} "
                      f"{dict(picked(other))[package]})" if other else
                      "no other image that fits this host is outside it")
-            lines.append(_printable(f"{package} {version} is inside {advisory.label()}: {advisory.summary}; "
+            # said before the summary: a long line is cut at REASON_MAX, never the acceptance
+            taken = " (accepted by its recipe: backend.accept_advisories)" if advisory.named_in(accepted) else ""
+            lines.append(_printable(f"{package} {version} is inside {advisory.label()}{taken}: {advisory.summary}; "
                                     f"affected {advisory.affected}, fixed in {advisory.fixed}; {where}"
                                     + ("" if advisory.confirmed else " (advisory range unconfirmed)"),
                                     REASON_MAX))

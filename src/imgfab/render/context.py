@@ -54,11 +54,23 @@ LABEL_PREFIX = "org.imgfab"
 # Files of the imgfab package copied into every image (of imgfab.in_image): the probe and the
 # resolver's rules it runs, the multi-node leader's cluster wait, and the API-key gate vLLM loads.
 PROBE_MODULES = ("__init__.py", "rules.py", "facts.py", "fit.py", "probe.py", "cluster.py", "gate.py")
-# The label LeaderWorkerSet puts on each pod of a group, the leader's "0"
-# (kubernetes-sigs/lws@v0.10.0:api/leaderworkerset/v1/leaderworkerset_types.go, WorkerIndexLabelKey).
+# The labels LeaderWorkerSet puts on each pod: its index in the group (the leader's "0"), the
+# group's index among the replicas, and the LeaderWorkerSet's name
+# (kubernetes-sigs/lws@v0.10.0:api/leaderworkerset/v1/leaderworkerset_types.go:
+# WorkerIndexLabelKey, GroupIndexLabelKey, SetNameLabelKey).
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 # The Ray head's GCS port on a multi-node leader (Ray's default).
 RAY_PORT = 6379
+# The registry k8s.yaml names when the render was given none (issue 34): `.invalid` is reserved
+# (RFC 6761: never resolves), so a pod of it fails to pull instead of pulling the bare name from
+# Docker Hub; docker and Kubernetes accept the reference (a domain may hold capitals, a
+# repository may not), so only the pull fails, naming it.
+UNSET_REGISTRY = "REGISTRY.invalid"
+# Where every node of a multi-node replica finds Ray's cluster token (issue 34): a Docker secret,
+# a read-only bind mount, a Kubernetes Secret's subPath; the entrypoint points Ray at it.
+RAY_TOKEN_FILE = "/run/secrets/imgfab-ray-token"
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -263,6 +275,9 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.backend": stack.backend,
         f"{p}.backend.version": stack.backend_version,
         f"{p}.backend.path": stack.backend_path,
+        # The critical advisories the recipe accepted by name (backend.accept_advisories, issue
+        # 34): `imgfab select` says so beside each advisory the image is inside.
+        f"{p}.advisories.accepted": ",".join(sorted(recipe.backend.accept_advisories)),
         f"{p}.cuda": stack.cuda,
         f"{p}.cuda.runtime": stack.payload_runtime_toolkit,  # the payload's newest CUDA runtime (issue 10)
         f"{p}.os": stack.os,
@@ -463,6 +478,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         # the services compose.yaml renders: one, or a leader and a worker (target.nodes > 1)
         "node_roles": ("leader", "worker") if stack.nodes > 1 else ("",),
         "ray_port": RAY_PORT,
+        "ray_token_file": RAY_TOKEN_FILE,
+        "ray_token_name": RAY_TOKEN_FILE.rsplit("/", 1)[1],
         "health_path": "/health",
         "engine": _engine_context(plan, recipe),
         "engine_volume": f"imgfab-{recipe.name}-engines",
@@ -502,6 +519,13 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
     context["identity"] = identity
     context["image_ref"] = image_ref or (f"{registry.rstrip('/')}/{repository}:{tag}" if registry
                                          else f"{repository}:{tag}")
+    # No registry given (issue 34): `llm/qwen2-7b:…` is the image built on this engine, which
+    # run.sh and compose.yaml run from there only (never pulled: a runtime would look the bare
+    # name up on Docker Hub, where anyone can publish it). A cluster pulls every image, so
+    # k8s.yaml names it under UNSET_REGISTRY, which never resolves, until a registry is given.
+    context["image_local"] = not image_ref and not registry
+    context["k8s_image"] = (f"{UNSET_REGISTRY}/{repository}:{tag}" if context["image_local"]
+                            else context["image_ref"])
     files |= {
         "run.sh": env.get_template("run.sh.j2").render(context),
         "compose.yaml": env.get_template("compose.yaml.j2").render(context),
@@ -627,6 +651,14 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
         # A LeaderWorkerSet's Service reaches the leader only: LWS labels each pod with its
         # index in the group, the leader's is 0.
         "service_selector": selector | ({LWS_WORKER_INDEX: "0"} if stack.nodes > 1 else {}),
+        # Across nodes (issue 34): Ray's cluster token, a Secret every pod of the group mounts,
+        # and the NetworkPolicies' pod selectors: every pod of the LeaderWorkerSet, those of its
+        # one group (replicas: 1, group-index 0), and the leaders.
+        "ray_token_secret": f"{recipe.name}-ray-token",
+        "ray_token_key": "ray-token",
+        "lws_pods": {LWS_NAME: recipe.name},
+        "group_pods": {LWS_NAME: recipe.name, LWS_GROUP_INDEX: "0"},
+        "leader_pods": {LWS_NAME: recipe.name, LWS_WORKER_INDEX: "0"},
         "compute_capabilities": allowed_compute_capabilities(labels, matrix),
         "affinity_terms": terms,
         "gpu_memory_mib": per_gpu_mib,

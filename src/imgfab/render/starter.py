@@ -51,9 +51,13 @@ def starter_name(model: str, gpu: str) -> str:
     return text or "recipe"
 
 
-# Why a starter recipe that the user gave no --policy says minor-compat.
+# Why a starter recipe that the user gave no --policy says minor-compat: no stack fits under
+# strict, or (issue 34) only stacks inside a critical advisory do.
 MINOR_COMPAT_NOTE = ("no stack fits this driver under strict; minor-compat runs a newer CUDA "
                      "minor on it, with its limits (imgfab explain target.driver_policy)")
+ADVISORY_NOTE = ("under strict this driver fits only stacks inside a critical advisory; "
+                 "minor-compat runs a newer CUDA minor on it, with its limits (imgfab explain "
+                 "target.driver_policy)")
 
 
 def starter_text(answers: StarterAnswers, matrix: Matrix, recipe_path: str, *,
@@ -81,7 +85,8 @@ def starter_recipe(answers: StarterAnswers, matrix: Matrix, recipe_path: str
     """The starter recipe's text, as parsed and as resolved. A refused answer is RecipeError
     naming its init flag (and the recipe field); no fitting stack is CompatibilityError (with
     the resolver's fix). Without ``answers.policy`` the policy is strict, or minor-compat when
-    only minor-compat fits the driver (the recipe's comment says so)."""
+    only minor-compat fits the driver (the recipe's comment says so); where minor-compat fits
+    only inside a critical advisory, that refusal is the one raised."""
     if answers.policy:
         return _checked(answers, matrix, recipe_path, "")
     try:
@@ -89,9 +94,12 @@ def starter_recipe(answers: StarterAnswers, matrix: Matrix, recipe_path: str
     except CompatibilityError as strict:
         try:
             return _checked(replace(answers, policy="minor-compat"), matrix, recipe_path,
-                            MINOR_COMPAT_NOTE)
-        except CompatibilityError:
-            raise strict from None
+                            ADVISORY_NOTE if strict.field == "backend.accept_advisories"
+                            else MINOR_COMPAT_NOTE)
+        except CompatibilityError as minor:
+            # A stack fits under minor-compat but only inside a critical advisory: that refusal
+            # names the advisory and the way out (forward-compat, where that is it).
+            raise (minor if minor.field == "backend.accept_advisories" else strict) from None
 
 
 def _checked(answers: StarterAnswers, matrix: Matrix, recipe_path: str, note: str

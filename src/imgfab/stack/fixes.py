@@ -23,7 +23,7 @@ def _field_for(constraint: str) -> str:
             "dtype": "engine.dtype", "kv-cache": "engine.kv_cache_dtype",
             "python": "image.os", "image": "image.os", "driver": "target.driver",
             "torch": "backend.version", "payload": "backend.version", "gpu-driver": "target.driver",
-            "advisory": "backend.advisories"}.get(constraint, "recipe")
+            "advisory": "backend.accept_advisories"}.get(constraint, "recipe")
 
 
 @dataclass(frozen=True, order=True)

@@ -33,7 +33,7 @@ from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
 from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _torch_pin, covered_archs,
                                      evaluate, payload_floors, payload_of, precision_of,
                                      precisions_to_check)
-from imgfab.stack.advisories import advisory_notes, picked_hits, refusal_fix
+from imgfab.stack.advisories import advisory_notes, refusal_fix, refused_hits, unknown_acceptances
 from imgfab.stack.fit import check_fit
 from imgfab.stack.fixes import _field_for, _nearest_fix
 from imgfab.in_image.fit import ModelFacts
@@ -134,14 +134,22 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
     The stack found, the fit check (:func:`imgfab.stack.fit.check_fit`): the model facts the
     recipe declares, completed by ``weights`` (read from the weights at ``weights_from``),
     against the GPU's memory × tp × pp; a model that cannot fit is refused (CompatibilityError).
-    With ``advisories`` the stack's notes name each advisory (compat/advisories.yaml) holding
-    its backend or torch release and the nearest recipe change giving a fixed one."""
+    With ``advisories`` (compat/advisories.yaml consulted) a candidate inside a critical
+    advisory that ``backend.accept_advisories`` does not name is rejected (constraint
+    ``advisory``), so an older release outside it is preferred where the recipe's driver policy
+    allows one, and the stack's notes name each advisory holding its backend or torch release
+    and the nearest recipe change giving a fixed one. Without, no advisory is looked at."""
     gpu = matrix.gpu(recipe.target.gpu)
     if gpu is None:
         known = ", ".join(g.name for g in matrix.gpus)
         raise RecipeError(f"unknown GPU {recipe.target.gpu!r}", field="target.gpu",
                           fix=f"one of: {known}")
     refuse_cpu_arch(gpu, "target.gpu")
+    unknown = unknown_acceptances(matrix, recipe.backend.accept_advisories) if advisories else []
+    if unknown:
+        raise RecipeError(f"{', '.join(unknown)}: no advisory of compat/advisories.yaml has this "
+                          "id or alias, so it accepts nothing", field="backend.accept_advisories",
+                          fix="name the advisory as compat/advisories.yaml does (its id or an alias)")
     driver = host.driver if host else recipe.target.driver_floor
     policy = recipe.target.driver_policy
     spec = SpecifierSet(recipe.backend.version or "")
@@ -149,6 +157,7 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
     os_names = (recipe.image.os,) if recipe.image.os else _OS_ORDER
 
     rejections: list[Rejection] = []
+    refused: list[str] = []  # the critical advisories, unaccepted, of the candidates rejected for them
     failures_by_release: list[tuple[BackendRelease, list[Rejection]]] = []
     for release in matrix.backend_releases(recipe.backend.name):
         if Version(release.version) not in spec:
@@ -161,13 +170,14 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
         if fields is not None:
             stack = _stack(recipe, matrix, release, gpu, precision, driver, policy, fields)
             # The model on the GPUs: after the stack, so a recipe no image fits is named first.
-            critical = picked_hits(matrix, stack, severity="critical")
-            if recipe.backend.advisories == "refuse" and critical:
+            critical = refused_hits(matrix, stack, recipe.backend.accept_advisories) if advisories else []
+            if critical:
+                refused += [advisory.id for _, _, advisory in critical]
                 package, version, advisory = critical[0]
                 rejections.append(Rejection(
                     f"{release.backend} {release.version}", "advisory",
-                    f"{package} {version} is inside {advisory.label()}, fixed in {advisory.fixed} "
-                    "(backend.advisories: refuse)"))
+                    f"{package} {version} is inside {advisory.label()}, fixed in {advisory.fixed}; "
+                    "a critical advisory the recipe does not name in backend.accept_advisories"))
                 failures_by_release.append((release, [rejections[-1]]))
                 continue
             stack = replace(stack, fit=check_fit(recipe, matrix, gpu, precision, weights, weights_from),
@@ -183,27 +193,34 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
     if not failures_by_release:
         raise CompatibilityError(f"the matrix has no {recipe.backend.name} release",
                                  field="backend.name")
-    if any(r.constraint == "advisory" for r in rejections):
-        # Every other fix would be searched without the advisories: name one that passes them.
-        fix = refusal_fix(recipe, matrix, lambda changed, on_driver: _quiet_stack(changed, matrix, host, on_driver))
+    if refused:
+        # A stack fits but only inside a critical advisory: that decides, whatever refused the
+        # newer releases. Every other fix would be searched without the advisories: name one
+        # that passes them.
+        fix = refusal_fix(recipe, matrix, lambda changed, on_driver: _quiet_stack(changed, matrix, host, on_driver),
+                          tuple(dict.fromkeys(refused)))
+        first = next(r for r in rejections if r.constraint == "advisory")
+        headline = (f"no {recipe.backend.name} stack outside the critical advisories fits {gpu.name} "
+                    f"with driver {driver} ({policy}); {len(rejections)} candidates rejected, "
+                    f"the newest that fits: {first.candidate}: {first.reason}")
     else:
         fix = _nearest_fix(recipe, matrix, gpu, failures_by_release, driver)
-    first, deciding = deciding_rejection(failures_by_release)
-    which = (f"every candidate the recipe admits fails {first.constraint}; newest"
-             if deciding else "newest")
+        first, deciding = deciding_rejection(failures_by_release)
+        which = (f"every candidate the recipe admits fails {first.constraint}; newest"
+                 if deciding else "newest")
+        headline = (f"no {recipe.backend.name} stack fits {gpu.name} with driver {driver} ({policy}); "
+                    f"{len(rejections)} candidates rejected, {which}: {first.candidate}: {first.reason}")
     raise CompatibilityError(
-        f"no {recipe.backend.name} stack fits {gpu.name} with driver {driver} ({policy}); "
-        f"{len(rejections)} candidates rejected, {which}: {first.candidate}: {first.reason}",
+        headline,
         field=_field_for(first.constraint), fix=fix,
         rejections=[(r.candidate, f"{r.constraint}: {r.reason}") for r in rejections],
         rejected=[dict(r.__dict__) for r in rejections])
 
 
 def _quiet_stack(recipe: Recipe, matrix: Matrix, host: Host | None, driver: str | None) -> Stack:
-    """The stack ``recipe`` resolves to with advisories only noted (on ``driver`` when given)."""
-    noted = recipe.model_copy(update={"backend": recipe.backend.model_copy(update={"advisories": "note"})})
+    """The stack ``recipe`` resolves to with no advisory looked at (on ``driver`` when given)."""
     on = Host(driver=driver, gpu=host.gpu if host else None) if driver else host
-    return resolve(noted, matrix, on, advisories=False).stack
+    return resolve(recipe, matrix, on, advisories=False).stack
 
 
 def _with_advisories(recipe: Recipe, matrix: Matrix, stack: Stack, host: Host | None) -> Stack:

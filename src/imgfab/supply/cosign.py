@@ -14,8 +14,9 @@ Two kinds of trust:
 
 Registry credentials reach cosign through a private ``DOCKER_CONFIG`` (a temporary
 ``config.json``, mode 0600, removed afterwards), never on its command line. The key's
-password travels in ``COSIGN_PASSWORD`` in cosign's environment only: from
-``$IMGFAB_COSIGN_PASSWORD``, else the file ``$IMGFAB_COSIGN_PASSWORD_FILE``.
+password travels in ``COSIGN_PASSWORD`` in the environment of ``cosign sign`` and ``cosign
+attest`` only: from ``$IMGFAB_COSIGN_PASSWORD``, else the file ``$IMGFAB_COSIGN_PASSWORD_FILE``.
+cosign inherits nothing else but its allow-list (:mod:`imgfab.docker.toolenv`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgfab.docker.toolenv import tool_env
 from imgfab.errors import EngineError, RecipeError, redact
 from imgfab.supply.registry_auth import private_docker_config
 from imgfab.supply.statement import subject_names
@@ -121,14 +123,14 @@ def private_key(path: Path, option: str = "--sign-key") -> Path:
 def _run(args: list[str], credentials: Any = None, *, password: str | None = None,
          timeout_s: int = _TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run cosign with ``args``; a private DOCKER_CONFIG holds ``credentials`` (an
-    :class:`imgfab.docker.credentials.Credentials`) when they are not anonymous."""
-    env = dict(os.environ)
-    env.pop("COSIGN_PASSWORD", None)
-    if password is not None:
-        env["COSIGN_PASSWORD"] = password
+    :class:`imgfab.docker.credentials.Credentials`) when they are not anonymous. Its
+    environment is its allow-list (:mod:`imgfab.docker.toolenv`) and, for signing only, the
+    key's ``password``."""
+    extra = {"COSIGN_PASSWORD": password} if password is not None else {}
     with private_docker_config(credentials) as config_dir:
         if config_dir is not None:
-            env["DOCKER_CONFIG"] = str(config_dir)
+            extra["DOCKER_CONFIG"] = str(config_dir)
+        env = tool_env("cosign", extra)
         try:
             return subprocess.run([cosign_binary(), *args], capture_output=True, text=True,
                                   env=env, timeout=timeout_s, check=False)

@@ -6,6 +6,12 @@ must be that same digest. The image's attestations (cosign's ``sha256-<hex>.att`
 and the provenance, whose subject is the digest and so holds in any repository) are copied
 the same way, and with a key the promoted reference is signed in its new repository. A
 target tag that already names another image is not moved unless ``retag``.
+
+Trust is checked before it is passed on (issue 34): with a signing key, the source must first
+verify (``cosign verify`` and ``verify-attestation`` of its SBOM and provenance, for exactly
+its digest) against the key or keyless identity that signed staging, before anything is
+copied; a source that does not is refused (exit 1). Signing an unverified source takes
+``verify_source=False`` (``--no-verify-source``), which the result states.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any
 
 from imgfab.docker import registry
 from imgfab.docker.registry_http import _is_loopback
-from imgfab.errors import EngineError, RecipeError, RegistryError, redact
+from imgfab.docker.toolenv import tool_env
+from imgfab.errors import EngineError, RecipeError, RegistryError, ValidationFailed, redact
 from imgfab.supply import cosign
 from imgfab.supply.registry_auth import private_docker_config
 
@@ -35,6 +42,8 @@ class Promotion:
     promoted: str  # REG2/REPO2@sha256:…, the same digest
     attestations: bool  # the source's attestations were copied
     signed: bool
+    source_verified: bool  # its signature and attestations verified before anything was copied
+    verification: str  # against what, or why not ("not verified: --no-verify-source")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,7 +72,7 @@ def oras_copy(source: str, target: str, source_credentials: Any, target_credenti
         args += ["--to-registry-config", str(Path(dst_config) / "config.json")] if dst_config else []
         try:
             done = subprocess.run([*args, source, target], capture_output=True, text=True,
-                                  timeout=_TIMEOUT_S, check=False)
+                                  timeout=_TIMEOUT_S, check=False, env=tool_env("oras"))
         except subprocess.TimeoutExpired:
             raise EngineError(f"oras cp {source} did not finish in {_TIMEOUT_S}s", field="oras",
                               fix="check both registries are reachable") from None
@@ -75,12 +84,19 @@ def oras_copy(source: str, target: str, source_credentials: Any, target_credenti
 
 
 def promote(source: str, target: str, *, sign_key: Path | None = None, retag: bool = False,
+            trust: cosign.Trust | None = None, verify_source: bool = True,
             source_credentials: Any = None, target_credentials: Any = None) -> Promotion:
     """Copy ``source`` (``REG/REPO@sha256:…``) to ``target`` (``REG2/REPO2:TAG``) by digest.
 
+    ``trust`` (who signed staging: a key or a keyless identity): the source's signature and its
+    SBOM and provenance attestations must verify against it before anything is copied. With a
+    ``sign_key`` a ``trust`` is required unless ``verify_source`` is False.
+
     Raises :class:`RecipeError` (exit 2) for a source that is not a digest reference, a
-    target that is not a tag, or a target tag that names another image (without ``retag``);
-    :class:`RegistryError` / :class:`EngineError` (exit 1) for the registries and tools.
+    target that is not a tag, a target tag that names another image (without ``retag``), or
+    a signing key with nothing to verify the source against; :class:`ValidationFailed`
+    (exit 1) for a source that does not verify; :class:`RegistryError` /
+    :class:`EngineError` (exit 1) for the registries and tools.
     """
     parsed_source, parsed_target = registry.ImageRef.parse(source), registry.ImageRef.parse(target)
     if not parsed_source.digest:
@@ -89,14 +105,37 @@ def promote(source: str, target: str, *, sign_key: Path | None = None, retag: bo
     if parsed_target.digest or not parsed_target.tag:
         raise RecipeError(f"{target} is not a tag reference", field="--to",
                           fix="promote to REG/REPO:TAG")
+    if trust is not None and not verify_source:
+        raise RecipeError("--no-verify-source and a trust root to verify the source with were both given",
+                          field="--no-verify-source", fix="pass one of them")
+    if sign_key is not None and trust is None and verify_source:
+        raise RecipeError("--sign-key signs the release, but nothing says who must have signed the "
+                          f"source {source}", field="--verify-key",
+                          fix="pass the key that signed staging (--verify-key KEY.pub) or its keyless "
+                              "identity (--certificate-identity and --certificate-oidc-issuer); or "
+                              "--no-verify-source to sign it unverified, which the output states")
     digest = parsed_source.digest
     source_credentials = source_credentials or registry.Credentials.load(parsed_source.host)
     target_credentials = target_credentials or registry.Credentials.load(parsed_target.host)
+    source_ref = f"{parsed_source.name}@{digest}"
+    if trust is not None:  # before anything moves: an unverified source is copied nowhere
+        verdict = cosign.verify(source_ref, trust, source_credentials)
+        if not verdict.verified:
+            raise ValidationFailed(f"{source_ref} does not verify with {trust.describe()}: "
+                                   f"{'; '.join(verdict.problems)}", field="promote",
+                                   fix="promote an image signed and attested by that key or identity "
+                                       "(imgfab build --push --sign-key), or pass --no-verify-source "
+                                       "to promote it unverified, which the output states")
+        verification = f"signature and attestations ({', '.join(sorted(verdict.attestations))}) " \
+                       f"verified with {trust.describe()}"
+    else:
+        verification = ("not verified: --no-verify-source" if not verify_source
+                        else "not verified: no --verify-key or keyless identity given")
     held = registry.tag_holder(target, target_credentials)
     if held is not None and digest != held[0] and not retag:
         raise RecipeError(f"{target} already names {held[0]}; promoting {digest} would move it",
                           field="--to", fix="pass --retag to move the tag, or promote to a new tag")
-    oras_copy(f"{parsed_source.name}@{digest}", target, source_credentials, target_credentials)
+    oras_copy(source_ref, target, source_credentials, target_credentials)
     now = registry.resolve_digest(target, target_credentials).rsplit("@", 1)[1]
     if now != digest:
         raise RegistryError(f"{target} names {now} after the copy, not {digest}", field="promote",
@@ -109,5 +148,6 @@ def promote(source: str, target: str, *, sign_key: Path | None = None, retag: bo
     promoted = f"{parsed_target.name}@{digest}"
     if sign_key is not None:
         cosign.sign(promoted, sign_key, target_credentials)
-    return Promotion(source=f"{parsed_source.name}@{digest}", target=target, promoted=promoted,
-                     attestations=copied, signed=sign_key is not None)
+    return Promotion(source=source_ref, target=target, promoted=promoted,
+                     attestations=copied, signed=sign_key is not None,
+                     source_verified=trust is not None, verification=verification)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from imgfab.docker.registry import Credentials, ImageRef
+from imgfab.docker.toolenv import tool_env
 from imgfab.errors import EngineError, ValidationFailed
 from imgfab.matrix.compat import default_compat_dir
 from imgfab.supply import bundle, cosign
@@ -123,7 +124,8 @@ def _relative(path: Path, source_root: Path | None) -> str:
 
 def _source_root(recipe_path: str) -> Path | None:
     done = subprocess.run(["git", "-C", str(Path(recipe_path).resolve().parent), "rev-parse",
-                           "--show-toplevel"], capture_output=True, text=True, check=False)
+                           "--show-toplevel"], capture_output=True, text=True, check=False,
+                          env=tool_env("git"))
     return Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
 
 

@@ -59,16 +59,16 @@ fi
 
 # The TensorRT engine lives in the cache volume under its key (GPU compute capability,
 # TensorRT, TensorRT-LLM, recipe hash); .imgfab-ready marks a complete one, reused afterwards.
-engine_dir=/var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/llama3.1-8b
+engine_dir=/var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/llama3.1-8b
 if [ ! -f "$engine_dir/.imgfab-ready" ]; then
     rm -rf "$engine_dir"
-    mkdir -p /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d
+    mkdir -p /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7
     # Refit the weight-stripped engine with the weights of the checkpoint it was built from.
-    if [ ! -f /models/llama3.1-8b/imgfab-trtllm/9d90175cd621c6e3/checkpoint/config.json ]; then
-        echo "imgfab: no TensorRT-LLM checkpoint at /models/llama3.1-8b/imgfab-trtllm/9d90175cd621c6e3/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
+    if [ ! -f /models/llama3.1-8b/imgfab-trtllm/4277dcc1a7133bcb/checkpoint/config.json ]; then
+        echo "imgfab: no TensorRT-LLM checkpoint at /models/llama3.1-8b/imgfab-trtllm/4277dcc1a7133bcb/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
         exit 2
     fi
-    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/llama3.1-8b/imgfab-trtllm/9d90175cd621c6e3/checkpoint --output_dir /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/llama3.1-8b
+    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/llama3.1-8b/imgfab-trtllm/4277dcc1a7133bcb/checkpoint --output_dir /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/llama3.1-8b
     if [ ! -d "$engine_dir" ]; then
         echo "imgfab: no engine at $engine_dir after the refit" >&2
         exit 1
@@ -78,10 +78,10 @@ fi
 
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec trtllm-serve /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/llama3.1-8b --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 64 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
+        exec trtllm-serve /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/llama3.1-8b --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 64 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
         ;;
     long-context)
-        exec trtllm-serve /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/llama3.1-8b --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
+        exec trtllm-serve /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/llama3.1-8b --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 8192 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/llama3.1-8b
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2

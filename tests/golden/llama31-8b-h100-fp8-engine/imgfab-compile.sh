@@ -3,7 +3,7 @@
 # TensorRT-LLM checkpoint from the mounted weights, then compile the engine. Needs a GPU.
 # Usage: imgfab-compile two-phase|at-start [--print]
 #   two-phase  into /opt/imgfab/out (a writable bind mount): checkpoint/ and a weight-stripped engine/
-#   at-start   into the engine cache volume (/var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d): a full engine, used in place
+#   at-start   into the engine cache volume (/var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7): a full engine, used in place
 #   --print    print the two command lines (arguments separated by one space) and exit 0
 # Exit 2: usage or a missing input; 5: no GPU visible. flags checked against a stand-in table read from TensorRT-LLM 1.3.0rc3 source, not 1.2.1's wheel (confirmed: false).
 set -euo pipefail
@@ -14,8 +14,8 @@ case "${1:-}" in
         build=(trtllm-build --checkpoint_dir /opt/imgfab/out/checkpoint --output_dir /opt/imgfab/out/engine --max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --gemm_plugin auto --strip_plan)
         ;;
     at-start)
-        checkpoint=(python3 /opt/imgfab/bin/imgfab-quantize.py --model_dir /models/llama3.1-8b --output_dir /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/checkpoint --dtype bfloat16 --qformat fp8 --tp_size 1 --pp_size 1 --kv_cache_dtype fp8 --calib_dataset /run/imgfab/calibration --calib_size 512)
-        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/checkpoint --output_dir /var/cache/imgfab/engines/9d90175cd621c6e383eb609fbf37c0425ce471e830a706758f7dee21280b486d/llama3.1-8b --max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --gemm_plugin auto)
+        checkpoint=(python3 /opt/imgfab/bin/imgfab-quantize.py --model_dir /models/llama3.1-8b --output_dir /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/checkpoint --dtype bfloat16 --qformat fp8 --tp_size 1 --pp_size 1 --kv_cache_dtype fp8 --calib_dataset /run/imgfab/calibration --calib_size 512)
+        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/checkpoint --output_dir /var/cache/imgfab/engines/4277dcc1a7133bcb5a80619e2dffc936480e5fd97891ea2b352c1359dc6fcae7/llama3.1-8b --max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --gemm_plugin auto)
         ;;
     *)
         echo "usage: imgfab-compile two-phase|at-start [--print]" >&2

@@ -9,7 +9,14 @@
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-e766ef6dd576}"
+# Without IMAGE: the image built on this engine, run from it only (--pull never); docker would
+# otherwise pull a missing one from Docker Hub, where anyone can publish its name.
+if [ -n "${IMAGE:-}" ]; then
+    pull=missing
+else
+    IMAGE=llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-793a81222cf9
+    pull=never
+fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 no_comma() {
     case "$1" in
@@ -31,6 +38,7 @@ volume_name "${ENGINE_VOLUME:-imgfab-llama31-8b-h100-fp8-engine-engines}"
 
 args=(
     --rm --name llama31-8b-h100-fp8-engine
+    --pull "$pull"
     # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
     --gpus count=1
     --shm-size 16g

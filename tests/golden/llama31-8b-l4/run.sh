@@ -8,7 +8,14 @@
 #        serve.publish_address; 0.0.0.0 for every interface)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/llama3.1-8b:vllm0.19.1-cu12.8.2-sm89-e3499ae4b1f1}"
+# Without IMAGE: the image built on this engine, run from it only (--pull never); docker would
+# otherwise pull a missing one from Docker Hub, where anyone can publish its name.
+if [ -n "${IMAGE:-}" ]; then
+    pull=missing
+else
+    IMAGE=llm/llama3.1-8b:vllm0.33.0-cu13.0.3-sm89-e875edcb3330
+    pull=never
+fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"
 API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
 if [ ! -s "$API_KEY_FILE" ]; then
@@ -35,6 +42,7 @@ volume_name "${CACHE_VOLUME:-imgfab-llama31-8b-l4-cache}"
 
 args=(
     --rm --name llama31-8b-l4
+    --pull "$pull"
     # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
     --gpus count=1
     --shm-size 8g

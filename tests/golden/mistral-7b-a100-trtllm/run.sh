@@ -8,7 +8,14 @@
 #        with this, which the recipe sets (serve.unauthenticated); put an authenticating proxy in front)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-05a62962fba2}"
+# Without IMAGE: the image built on this engine, run from it only (--pull never); docker would
+# otherwise pull a missing one from Docker Hub, where anyone can publish its name.
+if [ -n "${IMAGE:-}" ]; then
+    pull=missing
+else
+    IMAGE=llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-555bd330c232
+    pull=never
+fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"
 no_comma() {
     case "$1" in
@@ -29,6 +36,7 @@ volume_name "${CACHE_VOLUME:-imgfab-mistral-7b-a100-trtllm-cache}"
 
 args=(
     --rm --name mistral-7b-a100-trtllm
+    --pull "$pull"
     # shm for NCCL/torch IPC across 2 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
     --gpus count=2
     --shm-size 32g

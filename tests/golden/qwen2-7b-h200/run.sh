@@ -8,7 +8,14 @@
 #        serve.publish_address; 0.0.0.0 for every interface)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-6642d3cf22ab}"
+# Without IMAGE: the image built on this engine, run from it only (--pull never); docker would
+# otherwise pull a missing one from Docker Hub, where anyone can publish its name.
+if [ -n "${IMAGE:-}" ]; then
+    pull=missing
+else
+    IMAGE=llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-af86b86d543f
+    pull=never
+fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 API_KEY_FILE="${API_KEY_FILE:?set API_KEY_FILE to a file holding the API key clients must send (Authorization: Bearer KEY)}"
 if [ ! -s "$API_KEY_FILE" ]; then
@@ -35,6 +42,7 @@ volume_name "${CACHE_VOLUME:-imgfab-qwen2-7b-h200-cache}"
 
 args=(
     --rm --name qwen2-7b-h200
+    --pull "$pull"
     # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
     --gpus count=1
     --shm-size 16g

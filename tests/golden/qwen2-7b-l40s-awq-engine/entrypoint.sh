@@ -59,16 +59,16 @@ fi
 
 # The TensorRT engine lives in the cache volume under its key (GPU compute capability,
 # TensorRT, TensorRT-LLM, recipe hash); .imgfab-ready marks a complete one, reused afterwards.
-engine_dir=/var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq
+engine_dir=/var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/qwen2-7b-awq
 if [ ! -f "$engine_dir/.imgfab-ready" ]; then
     rm -rf "$engine_dir"
-    mkdir -p /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0
+    mkdir -p /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382
     # Refit the weight-stripped engine with the weights of the checkpoint it was built from.
-    if [ ! -f /models/qwen2-7b/imgfab-trtllm/229b857df9c46c56/checkpoint/config.json ]; then
-        echo "imgfab: no TensorRT-LLM checkpoint at /models/qwen2-7b/imgfab-trtllm/229b857df9c46c56/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
+    if [ ! -f /models/qwen2-7b/imgfab-trtllm/ca0d6f41082350ef/checkpoint/config.json ]; then
+        echo "imgfab: no TensorRT-LLM checkpoint at /models/qwen2-7b/imgfab-trtllm/ca0d6f41082350ef/checkpoint; copy the two-phase build's checkpoint/ there, beside the weights" >&2
         exit 2
     fi
-    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/qwen2-7b/imgfab-trtllm/229b857df9c46c56/checkpoint --output_dir /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq
+    step trtllm-refit --engine_dir /opt/imgfab/engine --checkpoint_dir /models/qwen2-7b/imgfab-trtllm/ca0d6f41082350ef/checkpoint --output_dir /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/qwen2-7b-awq
     if [ ! -d "$engine_dir" ]; then
         echo "imgfab: no engine at $engine_dir after the refit" >&2
         exit 1
@@ -78,10 +78,10 @@ fi
 
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec trtllm-serve /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 32 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
+        exec trtllm-serve /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 32 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
         ;;
     long-context)
-        exec trtllm-serve /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
+        exec trtllm-serve /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/qwen2-7b-awq --host 0.0.0.0 --port 8000 --backend tensorrt --max_batch_size 16 --max_num_tokens 8192 --max_seq_len 4096 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.9 --tokenizer /models/qwen2-7b
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2

@@ -3,7 +3,7 @@
 # TensorRT-LLM checkpoint from the mounted weights, then compile the engine. Needs a GPU.
 # Usage: imgfab-compile two-phase|at-start [--print]
 #   two-phase  into /opt/imgfab/out (a writable bind mount): checkpoint/ and a weight-stripped engine/
-#   at-start   into the engine cache volume (/var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0): a full engine, used in place
+#   at-start   into the engine cache volume (/var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382): a full engine, used in place
 #   --print    print the two command lines (arguments separated by one space) and exit 0
 # Exit 2: usage or a missing input; 5: no GPU visible. flags checked against a stand-in table read from TensorRT-LLM 1.3.0rc3 source, not 1.2.1's wheel (confirmed: false).
 set -euo pipefail
@@ -14,8 +14,8 @@ case "${1:-}" in
         build=(trtllm-build --checkpoint_dir /opt/imgfab/out/checkpoint --output_dir /opt/imgfab/out/engine --max_batch_size 32 --max_input_len 2048 --max_seq_len 4096 --max_num_tokens 8192 --gemm_plugin auto --strip_plan)
         ;;
     at-start)
-        checkpoint=(python3 /opt/imgfab/bin/imgfab-quantize.py --model_dir /models/qwen2-7b --output_dir /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/checkpoint --dtype float16 --qformat int4_awq --tp_size 1 --pp_size 1 --calib_dataset /run/imgfab/calibration --calib_size 256)
-        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/checkpoint --output_dir /var/cache/imgfab/engines/229b857df9c46c564be77539225330c03a6f71c9984e1533d4f2c23ae6bce0a0/qwen2-7b-awq --max_batch_size 32 --max_input_len 2048 --max_seq_len 4096 --max_num_tokens 8192 --gemm_plugin auto)
+        checkpoint=(python3 /opt/imgfab/bin/imgfab-quantize.py --model_dir /models/qwen2-7b --output_dir /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/checkpoint --dtype float16 --qformat int4_awq --tp_size 1 --pp_size 1 --calib_dataset /run/imgfab/calibration --calib_size 256)
+        build=(trtllm-build --checkpoint_dir /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/checkpoint --output_dir /var/cache/imgfab/engines/ca0d6f41082350ef0dd48283439a5e3b08ed2e1712cbadcd9c38488c2b58b382/qwen2-7b-awq --max_batch_size 32 --max_input_len 2048 --max_seq_len 4096 --max_num_tokens 8192 --gemm_plugin auto)
         ;;
     *)
         echo "usage: imgfab-compile two-phase|at-start [--print]" >&2

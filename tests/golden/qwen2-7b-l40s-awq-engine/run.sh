@@ -9,7 +9,14 @@
 #        [ENGINE_VOLUME=name] (the engine cache volume, kept across runs)
 #        ./run.sh [server arguments, replacing the image's server command]
 set -euo pipefail
-IMAGE="${IMAGE:-llm/qwen2-7b:tensorrtllm1.2.1-cu13.1.2-sm89-int4awq-engine-15835eb3e541}"
+# Without IMAGE: the image built on this engine, run from it only (--pull never); docker would
+# otherwise pull a missing one from Docker Hub, where anyone can publish its name.
+if [ -n "${IMAGE:-}" ]; then
+    pull=missing
+else
+    IMAGE=llm/qwen2-7b:tensorrtllm1.2.1-cu13.1.2-sm89-int4awq-engine-01c2c48a97ad
+    pull=never
+fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
 no_comma() {
     case "$1" in
@@ -31,6 +38,7 @@ volume_name "${ENGINE_VOLUME:-imgfab-qwen2-7b-l40s-awq-engine-engines}"
 
 args=(
     --rm --name qwen2-7b-l40s-awq-engine
+    --pull "$pull"
     # shm for NCCL/torch IPC across 1 GPU(s); memlock and stack as NVIDIA recommends for GPU containers.
     --gpus count=1
     --shm-size 16g
