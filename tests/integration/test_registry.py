@@ -329,27 +329,89 @@ def sized_image(docker_client):
             pass
 
 
-def test_push_then_a_cold_pull_report_every_byte(sized_image, credentials, docker_client):
-    from imgfab.docker import engine
+def _uploaded_image(credentials, repository: str, tag: str, size: int) -> None:
+    """An image of one ``size``-byte layer of random bytes, put in the registry through its HTTP
+    API (docker distribution, basic auth), so that the engine never held any of its bytes.
+
+    A pull of an image this engine pushed is not cold: with the containerd image store, removing
+    the image leaves its blobs in the content store until containerd's garbage collection runs,
+    and a pull then reads 0 B of them ("Already exists")."""
+    import hashlib
+    import json
+
+    import requests
+
+    session = requests.Session()
+    session.auth = (str(credentials.username), str(credentials.password))
+    base = f"http://{REGISTRY}/v2/{repository}"
+
+    def blob(data: bytes) -> str:
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        start = session.post(f"{base}/blobs/uploads/", timeout=30)
+        assert start.status_code == 202, start.text
+        location = start.headers["Location"]
+        if location.startswith("/"):
+            location = f"http://{REGISTRY}{location}"
+        done = session.put(location, params={"digest": digest}, data=data, timeout=120,
+                           headers={"Content-Type": "application/octet-stream"})
+        assert done.status_code == 201, done.text
+        return digest
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = os.urandom(size)
+        info = tarfile.TarInfo("blob")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    layer = buf.getvalue()
+    layer_digest = blob(layer)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}).encode()
+    config_digest = blob(config)
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": config_digest, "size": len(config)},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                            "digest": layer_digest, "size": len(layer)}]}
+    put = session.put(f"{base}/manifests/{tag}", data=json.dumps(manifest).encode(), timeout=30,
+                      headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    assert put.status_code == 201, put.text
+
+
+def test_a_push_reports_every_byte_sent(sized_image, credentials):
     from imgfab.docker.registry import push
     from imgfab.progress import Progress
 
     local, token = sized_image
-    target = f"{REGISTRY}/imgfab-test/sized:{token}"
     sent = io.StringIO()
-    push(local, target, credentials=credentials, progress=Progress("plain", stream=sent, interval_s=0))
+    push(local, f"{REGISTRY}/imgfab-test/sized:{token}", credentials=credentials,
+         progress=Progress("plain", stream=sent, interval_s=0))
     lines = sent.getvalue().splitlines()
     assert lines and lines[-1].endswith(f"push {REGISTRY}/imgfab-test/sized:{token}: 20.0 MB of 20.0 MB sent"), lines
-    docker_client.api.remove_image(local, force=True)
-    docker_client.api.remove_image(target, force=True)
+
+
+def test_a_cold_pull_reports_every_byte_read(credentials, docker_client):
+    from imgfab.docker import engine
+    from imgfab.progress import Progress
+
+    token = uuid.uuid4().hex[:10]
+    target = f"{REGISTRY}/imgfab-test/cold:{token}"
+    _uploaded_image(credentials, "imgfab-test/cold", token, 20_000_000)
     assert not engine.has_image(target)
     read = io.StringIO()
-    engine.pull_image(target, auth_config=credentials.auth_config(),
-                      progress=Progress("plain", stream=read, interval_s=0))
-    lines = read.getvalue().splitlines()
-    assert lines[0].endswith(f"pulling {target}")
-    assert lines[-1].endswith(f"pull {target}: 20.0 MB of 20.0 MB read"), lines
-    assert engine.has_image(target)
+    try:
+        engine.pull_image(target, auth_config=credentials.auth_config(),
+                          progress=Progress("plain", stream=read, interval_s=0))
+        lines = read.getvalue().splitlines()
+        assert lines[0].endswith(f"pulling {target}")
+        # 20,000,000 bytes of file in a tar (a header and padding add under 10 kB): "20.0 MB".
+        assert lines[-1].endswith(f"pull {target}: 20.0 MB of 20.0 MB read"), lines
+        assert engine.has_image(target)
+    finally:
+        try:
+            docker_client.api.remove_image(target, force=True)
+        except Exception:  # noqa: BLE001 - not pulled is fine
+            pass
 
 
 def test_a_pull_of_a_missing_tag_is_one_registry_error(credentials):
