@@ -820,15 +820,30 @@ def doctor(image: str | None, as_json: bool) -> None:
               show_envvar=True,
               help="--push: sign the pushed digest with this cosign key and attest its SBOM and "
                    "provenance (password: IMGFAB_COSIGN_PASSWORD[_FILE]).")
+@click.option("--cache-from", "cache_from", multiple=True, metavar="SPEC",
+              help="Import a BuildKit cache (repeatable), e.g. "
+                   "type=registry,ref=REG/cache:{recipe} ({recipe}: the recipe's name).")
+@click.option("--cache-to", "cache_to", multiple=True, metavar="SPEC",
+              help="Export the build cache (repeatable), e.g. "
+                   "type=registry,ref=REG/cache:{recipe},mode=max.")
+@click.option("--builder", help="Build on this buildx builder (docker buildx ls) instead of the "
+                                "engine's own.")
 @compat_option
 def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_cert: str | None,
           pip_index_url: str | None, network: str | None, pin_digests: bool, push: bool,
           registry: str | None, registry_user: str | None, password_stdin: bool, as_json: bool,
           bake_file: str | None, smoke: bool, weights: str | None, smoke_gpus: str,
           no_memlock: bool, engine_at_start: bool, engine_out: str | None, no_cache: bool,
-          compression: str | None, lock_file: str | None, retag: bool, sign_key: str | None, compat_dir: str | None) -> None:
+          compression: str | None, lock_file: str | None, retag: bool, sign_key: str | None,
+          cache_from: tuple[str, ...], cache_to: tuple[str, ...], builder: str | None,
+          compat_dir: str | None) -> None:
     """Build, verify (and optionally smoke-test and push) the image of each RECIPE."""
     _json("build", as_json)
+    from imgfab.docker.buildcache import check_builder_name, check_cache_specs
+
+    check_cache_specs(cache_from, cache_to, len(recipes))  # before anything is built
+    if builder is not None:
+        check_builder_name(builder)
     if sign_key and push:  # before the first step: a key that is not its owner's alone is refused
         from imgfab.supply.cosign import private_key
 
@@ -837,8 +852,12 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="build one recipe per --lock")
     if bake_file:
+        if builder is not None:
+            raise RecipeError("--bake writes the file; --builder runs it", field="--builder",
+                              fix="imgfab bake RECIPES --build --builder NAME")
         written = _write_bake(recipes, bake_file, mirror=mirror, registry=registry, compat_dir=compat_dir,
-                              lock_file=lock_file, quiet=False)
+                              lock_file=lock_file, quiet=False, cache_from=cache_from,
+                              cache_to=cache_to)
         if as_json:
             _emit("build", images=[], bake=str(written), not_built=[])
         else:
@@ -859,7 +878,8 @@ def build(recipes: tuple[str, ...], output: str | None, mirror: str | None, ca_c
                            engine_out=Path(engine_out) if engine_out else None,
                            lock=Path(lock_file) if lock_file else None, no_cache=no_cache,
                            compression=compression, retag=retag, sign_key=Path(sign_key) if sign_key and push else None,
-                           publish_hook=_publish() if push else None)
+                           publish_hook=_publish() if push else None, cache_from=cache_from,
+                           cache_to=cache_to, builder=builder)
     images: list[dict] = []
     for index, path in enumerate(recipes):
         context = None
@@ -1188,7 +1208,8 @@ def promote(image: str, target: str, sign_key: str | None, verify_key: str | Non
 
 def _write_bake(recipes: tuple[str, ...], output: str, *, mirror: str | None, registry: str | None,
                 compat_dir: str | None, quiet: bool, lock_dir: str | None = None,
-                lock_file: str | None = None) -> Path:
+                lock_file: str | None = None, cache_from: tuple[str, ...] = (),
+                cache_to: tuple[str, ...] = ()) -> Path:
     """The bake file of `imgfab bake` and `imgfab build --bake`, from the same options."""
     from imgfab.progress import for_command
     from imgfab.render.bake import write_bake
@@ -1197,7 +1218,8 @@ def _write_bake(recipes: tuple[str, ...], output: str, *, mirror: str | None, re
         return write_bake(list(recipes), Path(output), mirror=mirror or None, registry=registry or None,
                           compat_dir=Path(compat_dir) if compat_dir else None,
                           lock_dir=Path(lock_dir) if lock_dir else None,
-                          lock=Path(lock_file) if lock_file else None, progress=progress)
+                          lock=Path(lock_file) if lock_file else None, progress=progress,
+                          cache_from=cache_from, cache_to=cache_to)
 
 
 @cli.command()
@@ -1211,18 +1233,39 @@ def _write_bake(recipes: tuple[str, ...], output: str, *, mirror: str | None, re
 @click.option("--lock-dir", type=click.Path(file_okay=False, exists=True),
               help="Take each recipe's lock as DIR/<name>.lock (default: its committed, fresh lock).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@click.option("--cache-from", "cache_from", multiple=True, metavar="SPEC",
+              help="Each target imports this BuildKit cache (repeatable; {recipe}: its recipe's name).")
+@click.option("--cache-to", "cache_to", multiple=True, metavar="SPEC",
+              help="Each target exports its cache here (repeatable), e.g. "
+                   "type=registry,ref=REG/cache:{recipe},mode=max.")
+@click.option("--build", "run_it", is_flag=True,
+              help="Then run `docker buildx bake` on the file (from this directory).")
+@click.option("--builder", help="--build: on this buildx builder (docker buildx ls).")
 @json_option
 @compat_option
 def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_host: str | None,
-         lock_dir: str | None, quiet: bool, as_json: bool, compat_dir: str | None) -> None:
-    """Render RECIPES and write a docker-bake.json for `docker buildx bake`."""
+         lock_dir: str | None, quiet: bool, cache_from: tuple[str, ...], cache_to: tuple[str, ...],
+         run_it: bool, builder: str | None, as_json: bool, compat_dir: str | None) -> None:
+    """Render RECIPES and write a docker-bake.json for `docker buildx bake` (--build runs it)."""
     _json("bake", as_json)
+    from imgfab.docker.buildcache import check_builder_name, check_cache_specs
+
+    check_cache_specs(cache_from, cache_to, len(recipes))
+    if builder is not None:
+        if not run_it:
+            raise RecipeError("--builder runs the bake", field="--builder",
+                              fix="add --build, or pass --builder to docker buildx bake yourself")
+        check_builder_name(builder)
     written = _write_bake(recipes, output, mirror=mirror, registry=registry_host, compat_dir=compat_dir,
-                          lock_dir=lock_dir, quiet=quiet)
+                          lock_dir=lock_dir, quiet=quiet, cache_from=cache_from, cache_to=cache_to)
+    if run_it:
+        from imgfab.render.bake import run_bake
+
+        run_bake(written, builder=builder)
     if as_json:
-        _emit("bake", output=str(written), recipes=list(recipes))
+        _emit("bake", output=str(written), recipes=list(recipes), built=run_it, builder=builder)
     else:
-        _say(f"wrote {written}")
+        _say(f"wrote {written}" + (f" and built it{f' on {builder}' if builder else ''}" if run_it else ""))
 
 
 @cli.group()

@@ -39,6 +39,7 @@ from typing import Any
 
 from imgfab.cache import cache_root
 from imgfab.docker import engine
+from imgfab.docker.buildcache import for_recipe as cache_for
 from imgfab.docker.unverified import UnverifiedTags
 from imgfab.errors import (HostError, ImgfabError, RecipeError, ValidationFailed, printable, redact,
                            redact_values, shown)
@@ -81,6 +82,10 @@ class BuildOptions:
     # passed in by the command line (supply sits above this station). It writes the deploy
     # bundle, the SBOM and the provenance, and signs with sign_key.
     publish_hook: Any = None
+    # BuildKit cache specs ({recipe}: the recipe's name) and a buildx builder by name (issue 37)
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+    builder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,9 @@ class BuiltImage:
     pushed: str | None = None
     notes: list[str] = field(default_factory=list)
     publish: dict[str, Any] | None = None  # the deploy bundle, SBOM, provenance, signature
+    builder: str | None = None  # the buildx builder by name (None: the engine's own)
+    cache_from: list[str] = field(default_factory=list)  # the cache specs as passed to buildx
+    cache_to: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object, every secret-shaped value redacted."""
@@ -145,6 +153,11 @@ def _check_options(options: BuildOptions) -> None:
     if options.smoke and options.weights is None:
         raise RecipeError("--smoke needs the weights to serve", field="--weights",
                           fix="pass --weights DIR (mounted read-only at the mount path)")
+    from imgfab.docker import buildcache  # noqa: PLC0415
+
+    buildcache.check_cache_specs(options.cache_from, options.cache_to, 1)
+    if options.builder is not None:
+        buildcache.check_builder_name(options.builder)
     if options.network not in (None, "host", "default", "none"):
         raise RecipeError(f"unsupported build network {options.network!r}", field="--network",
                           fix="use --network host (to reach an index on 127.0.0.1)")
@@ -399,7 +412,10 @@ def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[st
             # No tag yet: what is judged is the ID this build wrote, and only it gets the names.
             result = engine.build(context, tags=[], build_args=build_args, secrets=secrets,
                                   network=options.network, on_line=on_line, no_cache=options.no_cache,
-                                  compression=compression, epoch=epoch)
+                                  compression=compression, epoch=epoch,
+                                  cache_from=tuple(cache_for(options.cache_from, recipe.name)),
+                                  cache_to=tuple(cache_for(options.cache_to, recipe.name)),
+                                  builder=options.builder)
             policy = policy_for(recipe, stack, matrix, secrets)
             secret_names = list(secrets)
         policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
@@ -435,7 +451,9 @@ def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[st
         size_bytes=size, duration_s=round(result.duration_s, 2), steps=len(result.steps),
         cached_steps=result.cached_steps,
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
-        base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes))
+        base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes),
+        builder=options.builder, cache_from=cache_for(options.cache_from, recipe.name),
+        cache_to=cache_for(options.cache_to, recipe.name))
     if options.smoke:
         where[0] = "smoke"
         if options.smoke_hook is None:

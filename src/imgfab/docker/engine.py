@@ -329,11 +329,13 @@ def buildx_version() -> str | None:
     return line if done.returncode == 0 and "buildx" in line else None
 
 
-def docker_cli() -> str:
+def docker_cli(*, buildx: bool = False) -> str:
     """The docker CLI that runs BuildKit builds: ``IMGFAB_DOCKER_CLI`` or ``docker`` on PATH.
 
     Raises :class:`EngineError` when there is none, or when it cannot build with BuildKit
-    (a CLI >= 23 without the buildx plugin refuses ``DOCKER_BUILDKIT=1`` builds).
+    (a CLI >= 23 without the buildx plugin refuses ``DOCKER_BUILDKIT=1`` builds), or, with
+    ``buildx``, when its ``build`` is not buildx's (no ``--cache-to``, no ``--builder``: the
+    classic CLI's BuildKit builds).
     """
     cli = os.environ.get("IMGFAB_DOCKER_CLI") or shutil.which("docker")
     if not cli or not os.access(cli, os.X_OK):
@@ -346,6 +348,10 @@ def docker_cli() -> str:
         raise EngineError(f"{cli} cannot run BuildKit builds", field="engine",
                           fix="install the buildx plugin, or set IMGFAB_DOCKER_CLI to a CLI "
                               "that has BuildKit (e.g. Debian's docker.io 20.10 /usr/bin/docker)")
+    if buildx and not ("--cache-to" in text and "--builder" in text):
+        raise EngineError(f"{cli} builds without buildx: no --cache-to or --builder", field="engine",
+                          fix="install the docker-buildx plugin, or set IMGFAB_DOCKER_CLI to a "
+                              "CLI that has it")
     return cli
 
 
@@ -358,20 +364,41 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
           build_args: dict[str, str] | None = None, secrets: dict[str, Path] | None = None,
           network: str | None = None, target: str | None = None,
           on_line: Callable[[str], None] | None = None, no_cache: bool = False,
-          compression: str = "gzip", epoch: int = 0) -> BuildResult:
+          compression: str = "gzip", epoch: int = 0, cache_from: tuple[str, ...] = (),
+          cache_to: tuple[str, ...] = (), builder: str | None = None) -> BuildResult:
     """``docker build --progress=plain`` of ``context_dir``, streaming each log line to
     ``on_line``. ``secrets``: BuildKit secret id → file (mounted only in the steps that ask,
-    never in a layer). ``compression`` and ``epoch``: :func:`build_output_args`. Returns a
+    never in a layer). ``compression`` and ``epoch``: :func:`build_output_args`.
+    ``cache_from`` / ``cache_to``: BuildKit cache specs, checked
+    (:mod:`imgfab.docker.buildcache`); ``builder``: a buildx builder by name (its driver decides
+    the exporter, :func:`~imgfab.docker.buildcache.output_for_driver`). Returns a
     :class:`BuildResult`; raises :class:`EngineError` naming the failing step and the gist of
     its last log lines.
     """
-    cli = docker_cli()
-    check_engine(compression)
+    from imgfab.docker import buildcache  # noqa: PLC0415
+
+    buildcache.check_cache_specs(cache_from, cache_to, 1)
+    cli = docker_cli(buildx=bool(cache_from or cache_to or builder))
+    driver = buildcache.builder_driver(cli, builder, _build_env()) if builder else "docker"
+    facts = check_engine(compression)  # the engine the image is verified in, whoever builds it
+    if cache_to and driver == "docker" and not facts.containerd_store:
+        raise EngineError(f"this engine ({facts.version}) uses the classic image store, whose "
+                          "builder cannot export a build cache", field="--cache-to",
+                          fix='set {"features": {"containerd-snapshotter": true}} in daemon.json, '
+                              "or build with --builder on a BuildKit builder")
     # The image's ID is read back by this private name: BuildKit's --iidfile holds the config
     # digest, which is not the image ID on the containerd store (there it is the manifest's).
     hold = f"imgfab-unverified/build:{token_hex(8)}"
     with tempfile.TemporaryDirectory(prefix="imgfab-build-") as scratch:
-        argv = [cli, "build", "--progress=plain", *build_output_args(compression, epoch)]
+        output = build_output_args(compression, epoch)
+        output[-1] = buildcache.output_for_driver(output[-1], driver)
+        argv = [cli, "build", "--progress=plain", *output]
+        if builder:
+            argv += ["--builder", builder]
+        for spec in cache_from:
+            argv += ["--cache-from", spec]
+        for spec in cache_to:
+            argv += ["--cache-to", spec]
         for key, value in sorted((build_args or {}).items()):
             argv += ["--build-arg", f"{key}={value}"]
         for secret_id, path in sorted((secrets or {}).items()):

@@ -19,6 +19,13 @@ variable is simply an absent secret (``netenv.sh`` tests ``-s``), never a failed
 Build steps run on the builder's default network: an index on the build host must listen on
 an address containers reach (the bridge gateway), not loopback. buildx 0.13 reads no
 ``network`` from a JSON bake file (the field is HCL-only there), so none is written.
+
+A registry build cache (issue 37): ``--cache-from`` / ``--cache-to`` become each target's
+``cache-from`` / ``cache-to`` lists, ``{recipe}`` replaced by the recipe's name, so that every
+recipe of a fleet reads and writes a cache ref of its own (``mode=max`` keeps the builder
+stage's layers too: a CI runner with an empty local cache then pulls the payload install
+instead of running it). :func:`run_bake` runs ``docker buildx bake`` on the file, on the
+engine's own builder or on a buildx builder by name (``--builder``).
 """
 
 from __future__ import annotations
@@ -50,9 +57,14 @@ def mirrored(ref: str, mirror: str | None) -> str:
 def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | None = None,
                     registry: str | None = None, compat_dir: Path | None = None,
                     lock_dir: Path | None = None, lock: Path | None = None,
-                    progress: Any = None) -> dict[str, Any]:
+                    progress: Any = None, cache_from: tuple[str, ...] = (),
+                    cache_to: tuple[str, ...] = ()) -> dict[str, Any]:
     """Render every recipe into ``out_dir/<name>`` and return the bake definition (a dict);
     ``progress`` (:class:`imgfab.progress.Progress`) hears of each recipe rendered.
+
+    ``cache_from`` / ``cache_to``: BuildKit cache specs (:mod:`imgfab.docker.buildcache`), each
+    target's own with ``{recipe}`` replaced by its recipe's name (``cache-from`` / ``cache-to``
+    in the target); checked before any recipe is read.
 
     Each recipe installs its committed, fresh lock; ``lock_dir/<name>.lock`` instead when
     ``lock_dir`` is given, or ``lock`` itself, the lock of the one recipe (``build --lock``).
@@ -68,6 +80,9 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     from imgfab.render.source import source_epoch, source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
 
+    from imgfab.docker.buildcache import check_cache_specs, for_recipe  # noqa: PLC0415
+
+    check_cache_specs(cache_from, cache_to, len(recipe_paths))
     if lock is not None and len(recipe_paths) != 1:
         raise RecipeError("--lock names the lock of one recipe", field="--lock",
                           fix="bake one recipe per --lock, or give --lock-dir")
@@ -107,6 +122,10 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
             "output": [image_output(recipe.image.compression)],
             "attest": ["type=provenance,disabled=true", "type=sbom,disabled=true"],
         }
+        if cache_from:
+            targets[name]["cache-from"] = for_recipe(cache_from, recipe.name)
+        if cache_to:
+            targets[name]["cache-to"] = for_recipe(cache_to, recipe.name)
         if progress is not None:  # after the recipe: a bad one is its one error line, alone
             progress.item("bake: rendered", index, len(recipe_paths), Path(path).name)
     return {"group": {"default": {"targets": sorted(targets)}},
@@ -115,16 +134,19 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
 
 def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None,
                registry: str | None = None, compat_dir: Path | None = None,
-               lock_dir: Path | None = None, lock: Path | None = None, progress: Any = None) -> Path:
+               lock_dir: Path | None = None, lock: Path | None = None, progress: Any = None,
+               cache_from: tuple[str, ...] = (), cache_to: tuple[str, ...] = ()) -> Path:
     """Render ``recipe_paths`` next to ``path`` and write the bake file there; returns ``path``.
 
     ``mirror`` prefixes the base images (``BUILDER_IMAGE``/``RUNTIME_IMAGE`` args);
     ``registry`` prefixes the tags; ``compat_dir``, ``lock_dir`` and ``lock`` are
-    :func:`bake_definition`'s. The JSON is deterministic (sorted keys, trailing newline).
+    :func:`bake_definition`'s, as are ``cache_from`` and ``cache_to``. The JSON is deterministic
+    (sorted keys, trailing newline).
     """
     path = Path(path)
     definition = bake_definition(recipe_paths, path.parent, mirror=mirror, registry=registry,
-                                 compat_dir=compat_dir, lock_dir=lock_dir, lock=lock, progress=progress)
+                                 compat_dir=compat_dir, lock_dir=lock_dir, lock=lock, progress=progress,
+                                 cache_from=cache_from, cache_to=cache_to)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial")
     try:
@@ -134,3 +156,40 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
         staging.unlink(missing_ok=True)
         raise
     return path
+
+
+def run_bake(path: Path, *, builder: str | None = None, targets: list[str] | None = None) -> None:
+    """``docker buildx bake -f PATH [--builder NAME] [TARGET…]`` from the current directory (where
+    the file's relative paths point), its progress on stderr; the build secrets
+    (:data:`SECRETS`) from this process's environment, nothing else secret. EngineError (exit
+    1) when buildx fails, naming its last lines."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from imgfab.docker import buildcache, engine  # noqa: PLC0415
+    from imgfab.docker.toolenv import tool_env  # noqa: PLC0415
+    from imgfab.errors import EngineError  # noqa: PLC0415
+
+    cli = engine.docker_cli(buildx=True)
+    env = tool_env("docker", {"DOCKER_BUILDKIT": "1", **{var: os.environ[var] for _, var in SECRETS
+                                                         if var in os.environ}})
+    argv = [cli, "buildx", "bake", "--progress=plain", "-f", str(path)]
+    if builder:
+        buildcache.builder_driver(cli, builder, env)  # an unknown builder: one line, exit 1
+        argv += ["--builder", builder]
+    argv += list(targets or [])
+    tail: list[str] = []
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, errors="replace", bufsize=1, start_new_session=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stderr.write(line)
+            tail = (tail + [line.rstrip("\n")])[-3:]
+        code = process.wait()
+    except BaseException:  # a signal: the bake must not go on
+        engine.stop_process_group(process)
+        raise
+    if code != 0:
+        raise EngineError(f"docker buildx bake failed (exit {code}): {' | '.join(tail)}",
+                          field="bake", fix="see the log above")
