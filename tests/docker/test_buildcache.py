@@ -201,3 +201,54 @@ def test_a_cli_without_buildx_is_refused_for_caches(tmp_path, monkeypatch):
     assert engine.docker_cli() == str(cli)
     with pytest.raises(EngineError, match="builds without buildx"):
         engine.docker_cli(buildx=True)
+
+
+def _layout(root: Path, files: dict[str, bytes]) -> Path:
+    """An OCI layout as BuildKit's local cache exporter writes one: a gzip layer holding
+    ``files`` and a JSON blob (the cache config) beside it."""
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    for blob in (gzip.compress(raw.getvalue(), mtime=0), b'{"layers": []}'):
+        (blobs / hashlib.sha256(blob).hexdigest()).write_bytes(blob)
+    return root
+
+
+def _policy(secret: bytes):
+    from imgfab.docker.verify import VerifyPolicy
+
+    return VerifyPolicy(mount_path="/models", required_labels={}, secrets={"pip-conf": secret})
+
+
+PIP_CONF = b"[global]\nindex-url = https://ci:s3cret-Pa55word@pypi.corp.example/simple\n"
+
+
+def test_a_cache_layer_holding_the_pip_conf_password_fails_the_build(tmp_path):
+    from imgfab.docker.cache_scan import scan_cache
+    from imgfab.errors import ValidationFailed
+
+    dest = _layout(tmp_path / "cache", {"root/.config/pip/pip.conf": PIP_CONF,
+                                        "opt/venv/ok.py": b"print(1)\n"})
+    with pytest.raises(ValidationFailed) as caught:
+        scan_cache(f"type=local,dest={dest},mode=max", _policy(PIP_CONF))
+    line = caught.value.one_line()
+    assert caught.value.field == "--cache-to" and "holds a build secret: pip-conf" in line, line
+    assert "s3cret-Pa55word" not in line
+
+
+def test_a_clean_cache_is_counted(tmp_path):
+    from imgfab.docker.cache_scan import scan_cache
+
+    dest = _layout(tmp_path / "cache", {"opt/venv/ok.py": b"print(1)\n"})
+    scan = scan_cache(f"type=local,dest={dest}", _policy(PIP_CONF)).to_dict()
+    assert scan["layers"] == 1 and scan["secrets"] == [] and scan["bytes"] > 0

@@ -129,6 +129,8 @@ class BuiltImage:
     builder: str | None = None  # the buildx builder by name (None: the engine's own)
     cache_from: list[str] = field(default_factory=list)  # the cache specs as passed to buildx
     cache_to: list[str] = field(default_factory=list)
+    # each exported cache's secrets scan (imgfab.docker.cache_scan): spec, layers, bytes, secrets
+    cache_scans: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object, every secret-shaped value redacted."""
@@ -326,7 +328,7 @@ def base_image_args(stack: Any, options: BuildOptions) -> dict[str, str]:
 
 
 # The steps of one build, in order; a failure's ``ImgfabError.step`` names the one it stopped in.
-STEPS = ("recipe", "resolve", "lock", "render", "build", "verify", "payload", "smoke", "push",
+STEPS = ("recipe", "resolve", "lock", "render", "build", "cache", "verify", "payload", "smoke", "push",
          "publish")
 
 
@@ -418,6 +420,16 @@ def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[st
                                   builder=options.builder)
             policy = policy_for(recipe, stack, matrix, secrets)
             secret_names = list(secrets)
+            # issue 37: the exported cache holds every stage's layers; no build secret in any
+            where[0] = "cache"
+            from imgfab.docker.cache_scan import scan_cache  # noqa: PLC0415
+            try:
+                cache_scans = [scan_cache(spec, policy).to_dict()
+                               for spec in cache_for(options.cache_to, recipe.name)
+                               if "type=inline" not in spec.split(",")]
+            except ImgfabError:  # the image goes with its verdict, as a rejected one does
+                _reject(result.image_id, tags, result.hold_ref)
+                raise
         policy.base_diff_ids = _base_diff_ids(build_args["RUNTIME_IMAGE"])
         image_id = result.image_id
         # The build's private name keeps the image until it has its real names (the containerd
@@ -453,7 +465,7 @@ def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[st
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
         base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes),
         builder=options.builder, cache_from=cache_for(options.cache_from, recipe.name),
-        cache_to=cache_for(options.cache_to, recipe.name))
+        cache_to=cache_for(options.cache_to, recipe.name), cache_scans=cache_scans)
     if options.smoke:
         where[0] = "smoke"
         if options.smoke_hook is None:
