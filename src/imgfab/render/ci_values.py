@@ -150,8 +150,8 @@ def check_install(version: str | None, sha256: str | None, path: str | None) -> 
 def check_relative_path(value: str, *, field: str) -> str:
     """A path inside the repository: ``.``, or segments as a recipe's (no ``..``, no leading
     ``/`` or ``-``, no empty segment); else RecipeError."""
-    bad = _bad_character(value, _RECIPE_CHARS)
-    if bad is None and value.startswith("/"):
+    bad = _bad_character(value, allowed=_RECIPE_CHARS)
+    if bad is None and value[:1] == "/":
         bad = "it is an absolute path, which the workflow's checkout does not have"
     if bad is None and value != "." and not all(_SEGMENT.fullmatch(part) for part in value.split("/")):
         bad = "a segment is empty, '.', '..', starts with '.' or '-', or is over 100 characters"
