@@ -128,7 +128,7 @@ def test_bases_bake_ci(validator, tmp_path):
     doc = answer(validator, "bake", "bake", str(LOCKED), "-o", str(tmp_path / "bake.json"), code=0)
     assert json.loads((tmp_path / "bake.json").read_text())["target"]
     assert doc["output"] == str(tmp_path / "bake.json")
-    ci = answer(validator, "ci github", "ci", "github", cwd=REPO, code=0)
+    ci = answer(validator, "ci github", "ci", "github", "--imgfab-path", ".", cwd=REPO, code=0)
     assert "jobs:" in ci["workflow"] and {e["path"] for e in ci["left_out"]} == {
         str(p.relative_to(REPO)) for p in REFUSED}
 

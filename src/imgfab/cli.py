@@ -1278,26 +1278,58 @@ def ci() -> None:
 @click.option("--registry", "registry_host", default="ghcr.io", show_default=True,
               help="Registry HOST[:PORT][/PATH] the tag builds push to (ghcr.io: under the "
                    "repository owner).")
-@click.option("--gpu-runner", help="Self-hosted GPU runner label for TensorRT engine recipes "
-                                   "(default: build them with --engine-at-start).")
+@click.option("--gpu-runner", help="Self-hosted GPU runner label: TensorRT engine recipes build "
+                                   "there (default: --engine-at-start), and each vLLM candidate is "
+                                   "smoked there before release.")
+@click.option("--imgfab-version", help="Install this imgfab release (with --imgfab-sha256).")
+@click.option("--imgfab-sha256", help="The sha256 of the --imgfab-version wheel.")
+@click.option("--imgfab-path", help="Install imgfab from this path in the repository (a wheel or "
+                                    "a source directory; '.' when the repository is imgfab).")
+@click.option("--compat-dir", help="The repository's compat/ directory the jobs build with.")
+@click.option("--repository", help="The GitHub repository OWNER/NAME the workflow runs in "
+                                   "(for --policy).")
+@click.option("--policy", type=click.Path(dir_okay=False),
+              help="Write the ClusterImagePolicy admitting only what the release job signs.")
 @json_option
 def ci_github(recipes: tuple[str, ...], registry_host: str, gpu_runner: str | None,
+              imgfab_version: str | None, imgfab_sha256: str | None, imgfab_path: str | None,
+              compat_dir: str | None, repository: str | None, policy: str | None,
               as_json: bool) -> None:
     """Print a GitHub Actions workflow: one job per recipe, push on v* tags."""
-    from imgfab.render.ci import workflow_plan, workflow_text
+    from imgfab.output import write_atomically
+    from imgfab.render.ci import Install, plan_workflow, workflow_text
+    from imgfab.render.ci_values import check_repository
 
     _json("ci github", as_json)
-    workflow, left_out = workflow_plan(list(recipes) or None, registry=registry_host,
-                                       gpu_runner=gpu_runner)
-    text = workflow_text(workflow, left_out)
+    if policy is not None and repository is None:
+        raise RecipeError("--policy needs the repository whose release job signs",
+                          field="--repository", fix="add --repository OWNER/NAME")
+    if repository is not None:
+        check_repository(repository)
+    plan = plan_workflow(list(recipes) or None, registry=registry_host, gpu_runner=gpu_runner,
+                         install=Install(imgfab_version, imgfab_sha256, imgfab_path),
+                         compat_dir=compat_dir)
+    text = workflow_text(plan.workflow, plan.left_out)
+    if policy is not None:
+        from imgfab.supply.workflow_policy import workflow_policies
+
+        policies = workflow_policies(repository, registry_host, [r.repository for r in plan.released])
+        try:
+            write_atomically(Path(policy), policies)
+        except OSError as exc:
+            raise ImgfabError(f"cannot write {policy}: {exc.strerror or exc}", field="--policy",
+                              fix="name a file in a directory that exists and is writable") from None
+    left_out = plan.left_out
     if as_json:
-        _emit("ci github", workflow=text,
+        _emit("ci github", workflow=text, policy=policy,
               left_out=[{"path": str(p), "refused": str(left_out[p])} for p in sorted(left_out)])
     else:
         _say(text, nl=False)
     for path in sorted(left_out):
         _say(f"imgfab: note: ci github: left out {path}: its lock records a refusal, it "
                    f"cannot build; fix: lock it where its indexes answer", err=True)
+    if policy is not None and not as_json:
+        _say(f"imgfab: note: ci github: wrote {policy}", err=True)
 
 
 def _usage_line(error: click.ClickException) -> str:

@@ -110,12 +110,17 @@ def _recipes_from_memory():
     path's length), so no fuzzed path is ever opened."""
     import imgfab.recipe as recipe_module
 
+    import imgfab.payload.lock as lock_module
+
     examples = [recipe_module.load_recipe(REPO / "recipes" / name)
                 for name in ("qwen2-7b-h100.yaml", "qwen2-7b-l40s-awq-engine.yaml")]
-    original = recipe_module.load_recipe
+    # every fuzzed recipe has a current lock that records no refusal (ci github refuses others)
+    current = lock_module.check_lock(str(REPO / "recipes" / "qwen2-7b-h100.yaml"))
+    original, original_check = recipe_module.load_recipe, lock_module.check_lock
     recipe_module.load_recipe = lambda path: examples[len(str(path)) % 2]
+    lock_module.check_lock = lambda path, compat_dir=None: current
     yield
-    recipe_module.load_recipe = original
+    recipe_module.load_recipe, lock_module.check_lock = original, original_check
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -156,10 +161,11 @@ def _check_rendered(text: str, registry: str) -> None:
 def _baseline_scripts() -> str:
     """Every script of a workflow rendered for a plain registry: text any value may match."""
     if not _BASELINE:
-        from imgfab.render.ci import github_workflow_dict
+        from imgfab.render.ci import Install, github_workflow_dict
 
         _BASELINE.append("\n".join(s for p, s in walk_strings(github_workflow_dict(
-            ["recipes/x.yaml", "recipes/yy.yaml"], registry="r.example")) if p[-1] == "run"))
+            ["recipes/x.yaml", "recipes/yy.yaml"], registry="r.example",
+            install=Install(path="."))) if p[-1] == "run"))
     return _BASELINE[0]
 
 
@@ -170,11 +176,12 @@ _BASELINE: list[str] = []
           suppress_health_check=list(HealthCheck))
 @given(case=workflow_values())
 def test_fuzzed_workflow_values_are_refused_or_render_safely(case):
-    from imgfab.render.ci import github_workflow
+    from imgfab.render.ci import Install, github_workflow
 
     registry, recipes, runner, python = (case[k] for k in ("registry", "recipes", "runner", "python"))
     try:
-        text = github_workflow(recipes, registry=registry, python=python, gpu_runner=runner)
+        text = github_workflow(recipes, registry=registry, python=python, gpu_runner=runner,
+                               install=Install(path="."))
     except RecipeError as error:
         line = error.one_line()
         assert error.exit_code == 2 and "\n" not in line and len(line) < 1000, line

@@ -344,9 +344,10 @@ PLANTS = [
     Plant("workflow: an action pinned by its tag, not its commit", "render/ci.py",
           '    return f"{repo}@{sha}"', '    return f"{repo}@{_}"', ("tests/render/test_bake_ci.py",)),
     Plant("workflow: the release job rebuilds instead of promoting", "render/ci.py",
-          '        jobs["release"] = _release_job(plain, "candidate", registry=registry, python=python)',
+          '        jobs["release"] = _release_job(plain, ["candidate", "smoke"] if "smoke" in jobs else "candidate",\n'
+          '                                       settings=settings)',
           '        jobs["release"] = _job(plain, push=True, runs_on="ubuntu-latest", engine_at_start=False,\n'
-          '                               registry=registry, python=python)', ("tests/render/test_bake_ci.py",)),
+          '                               settings=settings)', ("tests/render/test_bake_ci.py",)),
     # --- issue 18: the ClusterImagePolicy (supply/policy.py) ---------------------------------
     Plant("policy: the image globs take neighbouring repositories in (REPO**)", "supply/policy.py",
           '    return f"{name}@*", f"{name}:*"', '    return f"{name}**", f"{name}:*"',

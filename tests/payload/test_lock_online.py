@@ -209,9 +209,9 @@ def test_online_needs_check():
 def test_every_building_job_checks_the_lock_online_before_it_builds():
     import yaml
 
-    from imgfab.render.ci import github_workflow
+    from imgfab.render.ci import Install, github_workflow
 
-    workflow = yaml.safe_load(github_workflow())
+    workflow = yaml.safe_load(github_workflow(install=Install(path=".")))
     building = {name: job for name, job in workflow["jobs"].items()
                 if any("imgfab build" in step.get("run", "") for step in job["steps"])}
     assert building

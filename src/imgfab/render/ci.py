@@ -2,12 +2,16 @@
 
 :func:`github_workflow` returns a GitHub Actions workflow (YAML text):
 
-- ``build``: pull requests (and changes to recipes, compat data, templates or imgfab) build
-  and verify every recipe, read-only (``contents: read``), pushing nothing;
+- ``build``: pull requests that change a recipe's directory (recipes and their locks), the
+  ``compat_dir`` given, the imgfab ``path`` installed or the workflow itself build and verify
+  every recipe, read-only (``contents: read``), pushing nothing;
 - ``candidate``: ``v*`` tags build, verify and push each image to the staging repository
   (``$IMGFAB_REGISTRY/staging/…``); its report (with the pushed digest) and its deploy bundle
   (SBOM, provenance) are uploaded as artifacts;
-- ``release`` (needs ``candidate``): promotes the digest that passed, by digest (``imgfab
+- ``smoke`` (with ``gpu_runner``, needs ``candidate``): each vLLM recipe's staged digest is
+  pulled on the GPU runner and served with ``imgfab smoke --synthetic-model`` in every run shape
+  (run.sh, compose, k8s: all three start on the runner's own Docker, no cluster needed);
+- ``release`` (needs ``candidate``, and ``smoke`` for vLLM recipes when there is one): promotes the digest that passed, by digest (``imgfab
   promote``, ``oras cp``: never a rebuild), then signs the promoted reference keylessly and
   attests its SBOM and provenance with cosign (Fulcio certificate from the job's OIDC token,
   Rekor entry). Only this job gets ``id-token: write``; only the pushing jobs get
@@ -18,6 +22,11 @@
 - GHCR wants ``ghcr.io/<owner>/<repository>``: with ``registry="ghcr.io"`` the jobs push under
   the repository owner (lower-cased) and log in with the job's ``GITHUB_TOKEN``; any other
   registry uses the ``IMGFAB_REGISTRY_USER`` / ``IMGFAB_REGISTRY_PASSWORD`` secrets;
+- imgfab itself is installed as the caller names it (:class:`Install`): a released wheel
+  downloaded by version and checked against its sha256, or a path inside the repository
+  (a wheel or a source directory), never ``pip install .`` of whatever the checkout holds;
+- zstd layers (the default compression) need the containerd image store: a job that builds or
+  pulls a zstd recipe first switches the runner's Docker to it (daemon.json) and checks it did;
 - a vLLM image is about 11 GB and the build holds it about twice (builder venv, runtime copy):
   more than a standard runner's free disk, so the jobs first delete the runner's preinstalled
   toolchains they never use.
@@ -32,17 +41,24 @@ reaches its shell through ``env:`` (GitHub's "intermediate environment variable"
 :func:`run_step` refuses a script holding ``${{``, and the values themselves (registry, recipe
 paths and stems, runner label, Python version) are checked by :mod:`imgfab.render.ci_values`
 before anything is rendered, so none of them can form an expression anywhere in the file.
+
+Every recipe needs its current lock, as ``imgfab bake`` does: a missing or stale one is
+RecipeError (exit 2) here, not a job that fails at ``imgfab lock --check --online``.
+Multi-line scripts are written as YAML literal blocks (``|``), readable as the shell sees them.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
 
 import yaml
 
-from imgfab.render.ci_values import (check_python, check_recipe_path, check_recipe_stems,
-                                     check_registry, check_runner_label)
+from imgfab.render.ci_values import (check_install, check_python, check_recipe_path,
+                                     check_recipe_stems, check_registry, check_relative_path,
+                                     check_runner_label)
 
 TAG_PUSH = "github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
 REPORT = "imgfab-report.json"
@@ -59,6 +75,11 @@ COSIGN_RELEASE = "v2.5.0"
 ORAS_VERSION = "1.2.0"
 # The staging repository the candidate job pushes to, under the registry.
 STAGING = "staging"
+# Where the workflow lives (its path is part of the keyless signer's identity) and the OIDC
+# issuer of GitHub Actions' tokens, which Fulcio writes into the certificate.
+WORKFLOW_PATH = ".github/workflows/images.yml"
+ISSUER = "https://token.actions.githubusercontent.com"
+SMOKE_REPORT = "imgfab-smoke.json"
 # The comment each pinned `uses:` carries (yaml.safe_dump drops comments: added after dumping).
 _PIN_COMMENT = {f"{repo}@{sha}": tag for repo, sha, tag in ACTIONS.values()}
 
@@ -73,9 +94,46 @@ FREE_DISK = ("sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc "
              "/opt/hostedtoolcache/CodeQL\n"
              "docker image prune --all --force\n"
              "df -h / /var/lib/docker")
-# Paths whose change can change an image: the workflow also runs when it changes itself.
-WATCHED = ["recipes/**", "compat/**", "templates/**", "src/**", "pyproject.toml",
-           ".github/workflows/**"]
+
+
+@dataclass(frozen=True)
+class Install:
+    """The imgfab a workflow installs: a release (``version`` and its wheel's ``sha256``) or a
+    ``path`` inside the repository (a wheel file or a source directory, e.g. a submodule).
+    :func:`~imgfab.render.ci_values.check_install` checks that exactly one is named."""
+
+    version: str | None = None
+    sha256: str | None = None
+    path: str | None = None
+
+
+# The release's wheel alone (no dependencies, no sdist), checked against the hash the caller
+# named before pip installs that very file.
+INSTALL_RELEASE = """\
+wheels="$RUNNER_TEMP/imgfab-wheel"
+python -m pip download --no-deps --only-binary :all: "imgfab==$IMGFAB_VERSION" -d "$wheels"
+set -- "$wheels"/imgfab-*.whl
+if [ "$#" -ne 1 ] || [ ! -f "$1" ]; then echo "expected one imgfab wheel in $wheels" >&2; exit 1; fi
+echo "$IMGFAB_SHA256  $1" | sha256sum -c -
+python -m pip install "$1"
+"""
+INSTALL_PATH = 'python -m pip install "./$IMGFAB_PATH"'
+# The containerd image store, which keeps zstd layers as built (the classic store refuses
+# them: imgfab's engine check, exit 1). Merged into daemon.json, whatever else it holds;
+# nothing changes where the engine already uses it. Go templates below, not expressions.
+CONTAINERD_STORE = """\
+snapshotter() { docker info --format '{{ .DriverStatus }}' | grep -q io.containerd.snapshotter.v1; }
+if snapshotter; then echo "Docker already uses the containerd image store"; exit 0; fi
+daemon=/etc/docker/daemon.json
+if sudo test -s "$daemon"; then sudo cat "$daemon"; else echo '{}'; fi \\
+  | jq '. * {"features": {"containerd-snapshotter": true}}' > "$RUNNER_TEMP/daemon.json"
+sudo install -m 0644 "$RUNNER_TEMP/daemon.json" "$daemon"
+sudo systemctl restart docker
+if ! snapshotter; then echo "Docker does not use the containerd image store after the restart" >&2; exit 1; fi
+"""
+# A self-hosted runner outlives the job: `docker login` writes to a per-run config there.
+DOCKER_CONFIG = 'echo "DOCKER_CONFIG=$RUNNER_TEMP/docker-config" >> "$GITHUB_ENV"'
+
 
 
 def run_step(name: str, script: str, env: dict[str, str] | None = None, **keys: Any) -> dict[str, Any]:
@@ -86,21 +144,42 @@ def run_step(name: str, script: str, env: dict[str, str] | None = None, **keys: 
     return {"name": name, **keys, **({"env": env} if env else {}), "run": script}
 
 
-def recipe_matrix(recipes: list[str] | None) -> list[dict[str, str]]:
-    """``[{"name": stem, "recipe": path, "engine": "true"|"false"}]`` for ``recipes``
-    (default: ``recipes/*.yaml``). ``engine`` says the recipe compiles a TensorRT engine.
+@dataclass(frozen=True)
+class PlannedRecipe:
+    """One recipe as the workflow needs it: its matrix row (``name``, ``recipe``, ``engine``)
+    and what decides its jobs and triggers."""
+
+    row: dict[str, str]
+    vllm: bool  # served by vLLM: the GPU smoke job serves it with a synthetic model
+    zstd: bool  # image.compression zstd: its jobs need the containerd image store
+    repository: str  # image.repository, under the registry: what the policy covers
+    lock: str  # the lock's path, beside the recipe
+
+
+def recipe_plan(recipes: list[str] | None) -> list[PlannedRecipe]:
+    """A :class:`PlannedRecipe` per path of ``recipes`` (default: ``recipes/*.yaml``), sorted.
     Each path is checked (:func:`~imgfab.render.ci_values.check_recipe_path`) before it is read."""
     from imgfab.recipe import load_recipe  # noqa: PLC0415
 
     paths = recipes if recipes else [p.as_posix() for p in Path("recipes").glob("*.yaml")]
     checked = sorted(check_recipe_path(path, index) for index, path in enumerate(paths, 1))
     check_recipe_stems([stem for _, stem in checked])
-    rows = []
+    planned = []
     for path, stem in checked:
         recipe = load_recipe(path)
-        rows.append({"name": stem, "recipe": path,
-                     "engine": "true" if recipe.backend.trtllm_path == "engine" else "false"})
-    return rows
+        planned.append(PlannedRecipe(
+            row={"name": stem, "recipe": path,
+                 "engine": "true" if recipe.backend.trtllm_path == "engine" else "false"},
+            vllm=recipe.backend.name == "vllm", zstd=recipe.image.compression == "zstd",
+            repository=recipe.image.repository,
+            lock=(PurePosixPath(path).parent / f"{recipe.name}.lock").as_posix()))
+    return planned
+
+
+def recipe_matrix(recipes: list[str] | None) -> list[dict[str, str]]:
+    """``[{"name": stem, "recipe": path, "engine": "true"|"false"}]`` for ``recipes``
+    (:func:`recipe_plan`). ``engine`` says the recipe compiles a TensorRT engine."""
+    return [planned.row for planned in recipe_plan(recipes)]
 
 
 # GHCR's repository is the owner's name lower-cased (no expression function lower-cases): a
@@ -130,31 +209,56 @@ def _registry_steps(registry: str) -> tuple[list[dict[str, Any]], dict[str, str]
     return [*steps, run_step("Log in to the registry", LOGIN, env)], job_env, env
 
 
-def _setup(runs_on: Any, python: str) -> list[dict[str, Any]]:
+def _install_step(install: Install) -> dict[str, Any]:
+    if install.path is not None:
+        return run_step("Install imgfab from " + ("the repository" if install.path == "." else "its path"),
+                        INSTALL_PATH, {"IMGFAB_PATH": install.path})
+    return run_step("Install the imgfab release, its wheel checked against its sha256",
+                    INSTALL_RELEASE, {"IMGFAB_VERSION": str(install.version),
+                                      "IMGFAB_SHA256": str(install.sha256)})
+
+
+def _setup(runs_on: Any, python: str, install: Install, *, zstd: bool = False) -> list[dict[str, Any]]:
+    """Check out (no credentials kept), install imgfab, make room and, for ``zstd``, switch the
+    engine to the containerd image store; a self-hosted runner keeps its Docker login per run."""
     steps: list[dict[str, Any]] = [
         {"uses": uses("checkout"), "with": {"persist-credentials": False}},
         {"uses": uses("setup-python"), "with": {"python-version": python}},
-        run_step("Install imgfab", "python -m pip install ."),
+        _install_step(install),
     ]
     if runs_on == "ubuntu-latest":
         steps.append(run_step("Free the runner's disk for a multi-GB image", FREE_DISK))
+    elif runs_on != "release":
+        steps.append(run_step("Keep this run's registry login to this run", DOCKER_CONFIG))
+    if zstd:
+        steps.append(run_step("Use the containerd image store (zstd layers)", CONTAINERD_STORE))
     return steps
 
 
-def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_start: bool,
-         registry: str, python: str) -> dict[str, Any]:
+def _matrix(planned: list[PlannedRecipe]) -> dict[str, Any]:
+    # Copies: a list shared between jobs would be dumped as a YAML alias, which Actions refuses.
+    return {"fail-fast": False, "matrix": {"include": [dict(p.row) for p in planned]}}
+
+
+def _job(planned: list[PlannedRecipe], *, push: bool, runs_on: Any, engine_at_start: bool,
+         settings: "_Settings") -> dict[str, Any]:
     """The build job (``push=False``: pull requests) or the candidate job (tags: push to the
     staging repository, upload the report and the deploy bundle)."""
     build = 'imgfab build "$RECIPE"' + (" --engine-at-start" if engine_at_start else "")
-    steps = _setup(runs_on, python)
+    compat = ' --compat-dir "$IMGFAB_COMPAT_DIR"' if settings.compat_dir else ""
+    build += compat
+    steps = _setup(runs_on, settings.python, settings.install, zstd=any(p.zstd for p in planned))
     env = {"RECIPE": "${{ matrix.recipe }}"}
     job_env: dict[str, str] = {}
+    if settings.compat_dir:
+        job_env["IMGFAB_COMPAT_DIR"] = settings.compat_dir
     # Offline --check (inside build) proves the lock unedited, not unforged: every pinned hash
     # is compared with the index's own before anything is built from it.
     steps.append(run_step("Check the lock's hashes against the index",
-                          'imgfab lock --check --online "$RECIPE"', dict(env)))
+                          'imgfab lock --check --online "$RECIPE"' + compat, dict(env)))
     if push:
-        registry_steps, job_env, secret_env = _registry_steps(registry)
+        registry_steps, registry_env, secret_env = _registry_steps(settings.registry)
+        job_env |= registry_env
         steps += registry_steps
         env |= secret_env
         run = (build + ' --push --registry "$IMGFAB_REGISTRY/' + STAGING + '" --output "build/$NAME"'
@@ -175,8 +279,44 @@ def _job(matrix: list[dict[str, str]], *, push: bool, runs_on: Any, engine_at_st
         "timeout-minutes": 180 if runs_on != "ubuntu-latest" else 120,
         "permissions": {"contents": "read", "packages": "write"} if push else {"contents": "read"},
         **({"env": job_env} if job_env else {}),
-        # Copies: a list shared between jobs would be dumped as a YAML alias, which Actions refuses.
-        "strategy": {"fail-fast": False, "matrix": {"include": [dict(row) for row in matrix]}},
+        "strategy": _matrix(planned),
+        "steps": steps,
+    }
+
+
+# The GPU smoke: the digest the candidate job pushed to staging, pulled on the GPU runner and
+# served in every run shape with a random-weight model of the recipe's architecture.
+SMOKE = f"""\
+staged=$(jq -r '.images[0].pushed' {REPORT})
+case "$staged" in *@sha256:*) ;; *) echo "the build report names no pushed digest" >&2; exit 1;; esac
+imgfab smoke "$staged" --synthetic-model --shape all --json > {SMOKE_REPORT}
+"""
+
+
+def _smoke_job(planned: list[PlannedRecipe], *, gpu_runner: str, settings: "_Settings") -> dict[str, Any]:
+    """Pull each vLLM candidate by digest on the GPU runner and smoke it (no weights needed)."""
+    registry_steps, job_env, secret_env = _registry_steps(settings.registry)
+    steps = _setup(["self-hosted", gpu_runner], settings.python, settings.install,
+                   zstd=any(p.zstd for p in planned))
+    steps += [
+        {"uses": uses("download-artifact"), "with": {"name": "imgfab-report-${{ matrix.name }}"}},
+        *registry_steps,
+        run_step("Smoke the staged digest on the GPU (synthetic model, every run shape)", SMOKE,
+                 dict(secret_env)),
+        {"name": "Upload the smoke report", "if": "always()", "uses": uses("upload-artifact"),
+         "with": {"name": "imgfab-smoke-${{ matrix.name }}", "path": SMOKE_REPORT,
+                  "if-no-files-found": "warn"}},
+    ]
+    return {
+        "name": "smoke ${{ matrix.name }}",
+        "needs": "candidate",
+        "if": TAG_PUSH,
+        "runs-on": ["self-hosted", gpu_runner],
+        "timeout-minutes": 120,
+        # packages: read: the staged image may be private
+        "permissions": {"contents": "read", "packages": "read"},
+        **({"env": job_env} if job_env else {}),
+        "strategy": _matrix(planned),
         "steps": steps,
     }
 
@@ -199,11 +339,11 @@ echo "promoted $staged to $target: $promoted" >> "$GITHUB_STEP_SUMMARY"
 """
 
 
-def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
-                 python: str) -> dict[str, Any]:
+def _release_job(planned: list[PlannedRecipe], needs: str | list[str], *,
+                 settings: "_Settings") -> dict[str, Any]:
     """Promote each candidate's digest and sign it keylessly: no build, no GPU needed."""
-    registry_steps, job_env, secret_env = _registry_steps(registry)
-    steps = _setup("release", python)
+    registry_steps, job_env, secret_env = _registry_steps(settings.registry)
+    steps = _setup("release", settings.python, settings.install)
     steps += [
         {"uses": uses("setup-oras"), "with": {"version": ORAS_VERSION}},
         {"uses": uses("cosign-installer"), "with": {"cosign-release": COSIGN_RELEASE}},
@@ -212,9 +352,10 @@ def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
         run_step("Promote the candidate's digest, sign and attest it", PROMOTE,
                  {"NAME": "${{ matrix.name }}",
                   # the identity Fulcio puts in a workflow run's certificate: the workflow
-                  # file at the ref it ran from (.github/workflows/images.yml, as rendered)
+                  # file at the ref it ran from (WORKFLOW_PATH, as rendered); the policy's
+                  # subjectRegExp (signer_identity_regexp) matches it for every v* tag
                   "IDENTITY": "${{ github.server_url }}/${{ github.repository }}/"
-                              ".github/workflows/images.yml@${{ github.ref }}",
+                              f"{WORKFLOW_PATH}@${{{{ github.ref }}}}",
                   **secret_env}),
     ]
     return {
@@ -226,81 +367,162 @@ def _release_job(matrix: list[dict[str, str]], needs: str, *, registry: str,
         # id-token: write only here: the keyless signature's identity is this job's
         "permissions": {"contents": "read", "packages": "write", "id-token": "write"},
         **({"env": job_env} if job_env else {}),
-        "strategy": {"fail-fast": False, "matrix": {"include": [dict(row) for row in matrix]}},
+        "strategy": _matrix(planned),
         "steps": steps,
     }
 
 
-def lock_refusals(rows: list[dict[str, str]]) -> dict[str, str]:
-    """``{recipe path: refusal}`` for each row whose committed lock is current and records a
+def signer_identity_regexp(repository: str, server: str = "https://github.com") -> str:
+    r"""The certificate subject of the release job, as an anchored RE2 regular expression: the
+    workflow file of ``repository`` (``OWNER/NAME``, escaped) at any ``v*`` tag, the refs the
+    release job runs on (its ``if:``), and nothing else: no branch, no other repository.
+    ``acme/models`` gives
+    ``^https://github\.com/acme/models/\.github/workflows/images\.yml@refs/tags/v.+$``."""
+    return f"^{re.escape(server)}/{re.escape(repository)}/{re.escape(WORKFLOW_PATH)}@refs/tags/v.+$"
+
+
+def lock_refusals(planned: list[PlannedRecipe], compat_dir: str | None = None) -> dict[str, str]:
+    """``{recipe path: refusal}`` for each recipe whose committed lock is current and records a
     refusal (:func:`~imgfab.payload.lock.lock_recipe`): that recipe cannot build anywhere its
-    lock was made, so a job for it could only fail. A missing or stale lock is not a refusal
-    (its job fails at ``imgfab build`` until the lock is committed)."""
+    lock was made, so a job for it could only fail. A missing, stale or unhashed lock is
+    RecipeError (exit 2), as ``imgfab bake`` refuses it
+    (:func:`~imgfab.payload.lock.load_for_build`)."""
+    from imgfab.errors import RecipeError  # noqa: PLC0415
     from imgfab.payload.lock import check_lock  # noqa: PLC0415
 
     refused = {}
-    for row in rows:
-        result = check_lock(row["recipe"])
+    for recipe in planned:
+        path = recipe.row["recipe"]
+        result = check_lock(path, Path(compat_dir) if compat_dir else None)
+        if result.problem or result.lock is None:
+            raise RecipeError(f"{recipe.lock} is {result.problem or 'unreadable'}", field="lock",
+                              fix=f"run `imgfab lock {path}` and commit the lock")
         if result.refused:
-            refused[row["recipe"]] = result.refused
+            refused[path] = result.refused
+        elif result.lock.unhashed:
+            raise RecipeError(f"the lock pins {' '.join(result.lock.unhashed)} without hashes",
+                              field="lock", fix="lock where their index answers")
     return refused
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """The checked values every job is rendered with."""
+
+    registry: str
+    python: str
+    install: Install
+    compat_dir: str | None
+
+
 def workflow_plan(recipes: list[str] | None = None, *, registry: str = "ghcr.io",
-                  python: str = "3.11", gpu_runner: str | None = None
+                  python: str = "3.11", gpu_runner: str | None = None,
+                  install: Install = Install(), compat_dir: str | None = None
                   ) -> tuple[dict[str, Any], dict[str, str]]:
     """The workflow as a dict and ``{recipe path: refusal}`` of the recipes left out of it.
 
     Only recipes that can build get jobs: named ``recipes`` whose locks record a refusal are
     :class:`~imgfab.errors.CompatibilityError` (exit 2); from the default ``recipes/*.yaml``
-    they are left out (the caller says so), and none left is CompatibilityError too.
-    RecipeError for a value that :mod:`imgfab.render.ci_values` refuses, before any recipe is
-    read."""
-    from imgfab.errors import CompatibilityError  # noqa: PLC0415
+    they are left out (the caller says so), and none left is CompatibilityError too. A recipe
+    without its current lock is RecipeError (exit 2), named or not. RecipeError for a value
+    that :mod:`imgfab.render.ci_values` refuses (``install`` names exactly one imgfab), before
+    any recipe is read."""
+    plan = plan_workflow(recipes, registry=registry, python=python, gpu_runner=gpu_runner,
+                         install=install, compat_dir=compat_dir)
+    return plan.workflow, plan.left_out
+
+
+class WorkflowPlan(NamedTuple):
+    """The workflow (a dict), ``{recipe path: refusal}`` of the recipes left out of it, and the
+    recipes it builds and releases."""
+
+    workflow: dict[str, Any]
+    left_out: dict[str, str]
+    released: list[PlannedRecipe]
+
+
+def plan_workflow(recipes: list[str] | None = None, *, registry: str = "ghcr.io",
+                  python: str = "3.11", gpu_runner: str | None = None,
+                  install: Install = Install(), compat_dir: str | None = None) -> WorkflowPlan:
+    """:func:`workflow_plan`, with the recipes released (their image repositories: what the
+    signer's admission policy covers)."""
+    from imgfab.errors import CompatibilityError, RecipeError  # noqa: PLC0415
 
     check_registry(registry)
     check_python(python)
     if gpu_runner is not None:
         check_runner_label(gpu_runner)
-    rows = recipe_matrix(recipes)
-    refused = lock_refusals(rows)
-    if refused and (recipes or len(refused) == len(rows)):
+    check_install(install.version, install.sha256, install.path)
+    if compat_dir is not None:
+        check_relative_path(compat_dir, field="--compat-dir")
+    for path, flag in ((install.path, "--imgfab-path"), (compat_dir, "--compat-dir")):
+        if path is not None and not Path(path).exists():  # checked above: safe to name
+            raise RecipeError(f"{path} is not in this checkout", field=flag,
+                              fix="run ci github at the repository root, with paths relative to it")
+    planned = recipe_plan(recipes)
+    refused = lock_refusals(planned, compat_dir)
+    if refused and (recipes or len(refused) == len(planned)):
         names = ", ".join(sorted(refused))
         raise CompatibilityError(f"{names} cannot build: the lock records a refusal ("
                                  f"{next(iter(refused.values()))})", field="ci github",
                                  fix="leave them out, or lock them where their indexes answer "
                                      "(`imgfab lock RECIPE`)")
-    rows = [r for r in rows if r["recipe"] not in refused]
-    return _workflow_dict(rows, registry=registry, python=python, gpu_runner=gpu_runner), refused
+    planned = [p for p in planned if p.row["recipe"] not in refused]
+    settings = _Settings(registry, python, install, compat_dir)
+    return WorkflowPlan(_workflow_dict(planned, settings=settings, gpu_runner=gpu_runner), refused,
+                        planned)
 
 
 def github_workflow_dict(recipes: list[str] | None = None, *, registry: str = "ghcr.io",
-                         python: str = "3.11", gpu_runner: str | None = None) -> dict[str, Any]:
+                         python: str = "3.11", gpu_runner: str | None = None,
+                         install: Install = Install(), compat_dir: str | None = None) -> dict[str, Any]:
     """The workflow as a dict (see :func:`workflow_plan`, :func:`github_workflow`)."""
-    return workflow_plan(recipes, registry=registry, python=python, gpu_runner=gpu_runner)[0]
+    return workflow_plan(recipes, registry=registry, python=python, gpu_runner=gpu_runner,
+                         install=install, compat_dir=compat_dir)[0]
 
 
-def _workflow_dict(rows: list[dict[str, str]], *, registry: str, python: str,
+def watched_paths(planned: list[PlannedRecipe], install: Install, compat_dir: str | None) -> list[str]:
+    """The ``pull_request`` paths: each recipe's directory (the recipe, its lock, its
+    calibration data), ``compat_dir``, the imgfab ``install.path`` and the workflow itself."""
+    watched = {WORKFLOW_PATH}
+    for recipe in planned:
+        directory = PurePosixPath(recipe.row["recipe"]).parent.as_posix()
+        # a recipe at the root: itself and its lock, not every file of the repository
+        watched |= {f"{directory}/**"} if directory != "." else {recipe.row["recipe"], recipe.lock}
+    if compat_dir is not None:
+        watched.add("**" if compat_dir == "." else f"{compat_dir}/**")
+    if install.path is not None:
+        # a wheel is one file; a source directory (".": this repository is imgfab) every file in it
+        watched.add(install.path if install.path.endswith(".whl") else
+                    "**" if install.path == "." else f"{install.path}/**")
+    return sorted(watched)
+
+
+def _workflow_dict(planned: list[PlannedRecipe], *, settings: _Settings,
                    gpu_runner: str | None) -> dict[str, Any]:
-    plain = [r for r in rows if r["engine"] == "false"]
-    engines = [r for r in rows if r["engine"] == "true"]
+    plain = [p for p in planned if p.row["engine"] == "false"]
+    engines = [p for p in planned if p.row["engine"] == "true"]
     jobs: dict[str, Any] = {}
     for push, prefix in ((False, "build"), (True, "candidate")):
         if plain:
             jobs[prefix] = _job(plain, push=push, runs_on="ubuntu-latest", engine_at_start=False,
-                                registry=registry, python=python)
+                                settings=settings)
         if engines:
             jobs[f"{prefix}-engines"] = _job(
                 engines, push=push, runs_on=["self-hosted", gpu_runner] if gpu_runner else "ubuntu-latest",
-                engine_at_start=gpu_runner is None, registry=registry, python=python)
+                engine_at_start=gpu_runner is None, settings=settings)
+    vllm = [p for p in plain if p.vllm]
+    if gpu_runner and vllm:
+        jobs["smoke"] = _smoke_job(vllm, gpu_runner=gpu_runner, settings=settings)
     if plain:
-        jobs["release"] = _release_job(plain, "candidate", registry=registry, python=python)
+        jobs["release"] = _release_job(plain, ["candidate", "smoke"] if "smoke" in jobs else "candidate",
+                                       settings=settings)
     if engines:
-        jobs["release-engines"] = _release_job(engines, "candidate-engines", registry=registry,
-                                               python=python)
+        jobs["release-engines"] = _release_job(engines, "candidate-engines", settings=settings)
     return {
         "name": "imgfab images",
-        "on": {"push": {"tags": ["v*"]}, "pull_request": {"paths": WATCHED}},
+        "on": {"push": {"tags": ["v*"]},
+               "pull_request": {"paths": watched_paths(planned, settings.install, settings.compat_dir)}},
         "permissions": {"contents": "read"},
         "concurrency": {"group": "imgfab-${{ github.ref }}", "cancel-in-progress": True},
         "env": {"DOCKER_BUILDKIT": "1"},
@@ -309,15 +531,39 @@ def _workflow_dict(rows: list[dict[str, str]], *, registry: str, python: str,
 
 
 def github_workflow(recipes: list[str] | None = None, *, registry: str = "ghcr.io",
-                    python: str = "3.11", gpu_runner: str | None = None) -> str:
+                    python: str = "3.11", gpu_runner: str | None = None,
+                    install: Install = Install(), compat_dir: str | None = None) -> str:
     """The workflow as YAML text, for ``.github/workflows/images.yml``. Deterministic."""
     return workflow_text(*workflow_plan(recipes, registry=registry, python=python,
-                                        gpu_runner=gpu_runner))
+                                        gpu_runner=gpu_runner, install=install,
+                                        compat_dir=compat_dir))
+
+
+class _WorkflowDumper(yaml.SafeDumper):
+    """SafeDumper writing every multi-line string as a literal block (``|``): a script reads
+    as the shell runs it. PyYAML itself falls back to a quoted scalar for text a block cannot
+    hold (trailing spaces, control characters), so the text always loads back the same."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_str(value)
+
+
+_WorkflowDumper.add_representer(str, _represent_str)
+
+
+def dump_workflow(workflow: dict[str, Any]) -> str:
+    """``workflow`` as YAML, multi-line strings as literal blocks; loads back to ``workflow``."""
+    return yaml.dump(workflow, Dumper=_WorkflowDumper, sort_keys=False, width=100,
+                     default_flow_style=False, allow_unicode=False)
 
 
 def workflow_text(workflow: dict[str, Any], left_out: dict[str, str]) -> str:
-    """``workflow`` as YAML text, its header naming each recipe ``left_out`` (no job)."""
-    text = yaml.safe_dump(workflow, sort_keys=False, width=100, default_flow_style=False)
+    """``workflow`` as YAML text, its header naming each recipe ``left_out`` (no job), what
+    the workflow installs and whether promotion waits for a GPU smoke."""
+    text = dump_workflow(workflow)
     lines = [f"{line}  # {_PIN_COMMENT[line.split('uses: ', 1)[1]]}"
              if "uses: " in line and line.split("uses: ", 1)[1] in _PIN_COMMENT else line
              for line in text.splitlines()]
@@ -325,4 +571,12 @@ def workflow_text(workflow: dict[str, Any], left_out: dict[str, str]) -> str:
     header = ["# Generated by `imgfab ci github`; regenerate instead of editing."]
     header += [f"# Left out: {path} (its lock records a refusal: it cannot build)"
                for path in sorted(left_out)]
+    jobs = workflow["jobs"]
+    if "smoke" in jobs:
+        header.append("# GPU smoke: each vLLM candidate is served on the GPU runner with a synthetic "
+                      "model in every run shape (run.sh, compose, k8s: started on the runner's Docker) "
+                      "before release promotes it.")
+    elif "release" in jobs:
+        header.append("# No GPU smoke: release promotes candidates without serving them on a GPU "
+                      "(give --gpu-runner LABEL to smoke each vLLM recipe first).")
     return "\n".join(header + lines) + "\n"

@@ -3,7 +3,8 @@
 A GitHub Actions workflow evaluates ``${{ … }}`` wherever it appears (job and step names,
 ``with:``, ``env:``, the matrix itself) and hands ``run:`` to a shell, so every value that
 reaches :func:`imgfab.render.ci.github_workflow` from the command line (the registry, each
-recipe's path and file stem, the runner label, the Python version) must match a strict pattern
+recipe's path and file stem, the runner label, the Python version, the imgfab release, its
+wheel's hash or its path, the compat directory, the GitHub repository) must match a strict pattern
 of characters that can form neither an expression, a quote, a shell metacharacter nor a new
 line. The patterns are ASCII-only and matched whole (:func:`re.fullmatch`: ``$`` would let a
 trailing newline through).
@@ -113,4 +114,59 @@ def check_python(value: str) -> str:
     if not _PYTHON.fullmatch(value):
         raise RecipeError("the Python version is refused: it is not 3.MINOR[.PATCH]", field="python",
                           fix="give a CPython version such as 3.11")
+    return value
+
+
+# PEP 440 public versions (no local "+..." part), written the way PyPI lists them.
+_VERSION = re.compile(r"(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?"
+                      r"(?:\.dev[0-9]+)?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# GitHub's owner and repository names; "." and ".." are no repository.
+_REPOSITORY = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+INSTALL_FIX = ("name the imgfab the workflow installs, one way: --imgfab-version VERSION with "
+               "--imgfab-sha256 HEX (the wheel's sha256, as PyPI lists it), or --imgfab-path PATH "
+               "(a wheel or a source directory inside this repository)")
+
+
+def check_install(version: str | None, sha256: str | None, path: str | None) -> None:
+    """The imgfab a workflow installs: a released wheel (``version`` and its ``sha256``) or a
+    ``path`` inside the repository, exactly one of the two; else RecipeError."""
+    if (version is None and sha256 is None) == (path is None):
+        which = "both a release and a path" if path is not None else "neither a release nor a path"
+        raise RecipeError(f"the install of imgfab names {which}", field="--imgfab-version",
+                          fix=INSTALL_FIX)
+    if path is not None:
+        check_relative_path(path, field="--imgfab-path")
+        return
+    if version is None or not _VERSION.fullmatch(version):
+        raise RecipeError("the imgfab version is missing or not a PEP 440 public version",
+                          field="--imgfab-version", fix="a release as PyPI lists it, e.g. 0.9.1")
+    if sha256 is None or not _SHA256.fullmatch(sha256):
+        raise RecipeError("the wheel's sha256 is missing or not 64 lower-case hex digits",
+                          field="--imgfab-sha256",
+                          fix="the sha256 PyPI lists for the imgfab wheel of that version")
+
+
+def check_relative_path(value: str, *, field: str) -> str:
+    """A path inside the repository: ``.``, or segments as a recipe's (no ``..``, no leading
+    ``/`` or ``-``, no empty segment); else RecipeError."""
+    bad = _bad_character(value, allowed=_RECIPE_CHARS)
+    if bad is None and value[:1] == "/":
+        bad = "it is an absolute path, which the workflow's checkout does not have"
+    if bad is None and value != "." and not all(_SEGMENT.fullmatch(part) for part in value.split("/")):
+        bad = "a segment is empty, '.', '..', starts with '.' or '-', or is over 100 characters"
+    if bad is not None:
+        raise RecipeError(f"the path is refused: {bad}", field=field,
+                          fix="a path relative to the repository root of [A-Za-z0-9._-] segments, "
+                              "e.g. vendor/imgfab or dist/imgfab-0.9.1-py3-none-any.whl")
+    return value
+
+
+def check_repository(value: str) -> str:
+    """A GitHub ``OWNER/NAME``, else RecipeError."""
+    if not _REPOSITORY.fullmatch(value) or any(part in (".", "..") for part in value.split("/")):
+        bad = (_bad_character(value, re.compile(r"[A-Za-z0-9_./-]"))
+               or "it is not one OWNER/NAME pair of [A-Za-z0-9_.-] names")
+        raise RecipeError(f"the repository is refused: {bad}", field="--repository",
+                          fix="the GitHub repository the workflow runs in, e.g. acme/models")
     return value

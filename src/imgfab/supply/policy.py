@@ -92,14 +92,21 @@ class KeyAuthority:
 
 @dataclass(frozen=True)
 class KeylessAuthority:
-    """A Fulcio certificate identity: the OIDC ``issuer`` and ``subject`` (exact matches), the
+    """A Fulcio certificate identity: the OIDC ``issuer`` and ``subject`` (exact matches), or
+    instead of ``subject`` a ``subject_regexp`` (the CRD's ``subjectRegExp``, Go RE2 syntax,
+    anchored with ``^`` and ``$``: an unanchored one matches any subject containing it), the
     Fulcio instance (``fulcio_url``) and how the signatures are stored: ``"bundle"`` (cosign
-    v3's default, verified against the public-good trusted root) or ``"legacy"``."""
+    v3's default, verified against the public-good trusted root) or ``"legacy"``.
+
+    >>> KeylessAuthority("https://token.actions.githubusercontent.com",
+    ...                  subject_regexp=r"^https://github\\.com/acme/models/.+@refs/tags/v.+$")  # doctest: +SKIP
+    """
 
     issuer: str
-    subject: str
+    subject: str = ""
     fulcio_url: str = FULCIO_URL
     signature_format: str = "bundle"
+    subject_regexp: str = ""
 
 
 def repository_name(repository: str) -> str:
@@ -217,12 +224,32 @@ def _signer(authority: KeyAuthority | KeylessAuthority) -> dict:
         identity = {
             "issuer": _text(authority.issuer, "keyless.issuer", "the OIDC issuer URL, e.g. "
                             "https://token.actions.githubusercontent.com"),
-            "subject": _text(authority.subject, "keyless.subject",
-                             "the certificate identity, e.g. a workflow URL or an e-mail")}
+            **_subject(authority)}
         return {"key": None, "keyless": {"url": url, "identities": [identity]},
                 "signature_format": authority.signature_format}
     raise TypeError(f"authority must be a KeyAuthority or a KeylessAuthority, "
                     f"got {type(authority).__name__}")
+
+
+def _subject(authority: KeylessAuthority) -> dict[str, str]:
+    """``{"subject": ...}`` or ``{"subject_regexp": ...}``: exactly one, a regexp anchored."""
+    if bool(authority.subject) == bool(authority.subject_regexp):
+        raise RecipeError("a keyless identity names both or neither of subject and subject_regexp",
+                          field="keyless.subject", fix="give one: the exact identity or an anchored regexp")
+    if authority.subject:
+        return {"subject": _text(authority.subject, "keyless.subject",
+                                 "the certificate identity, e.g. a workflow URL or an e-mail")}
+    fix = "an RE2 expression anchored with ^ and $, e.g. ^https://github\\.com/acme/models/.+$"
+    pattern = _text(authority.subject_regexp, "keyless.subject_regexp", fix)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise RecipeError(f"the subject regexp does not compile: {exc}", field="keyless.subject_regexp",
+                          fix=fix) from None
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        raise RecipeError("the subject regexp is not anchored: it would match any subject "
+                          "containing it", field="keyless.subject_regexp", fix=fix)
+    return {"subject_regexp": pattern}
 
 
 def _environment() -> jinja2.Environment:
