@@ -1259,7 +1259,7 @@ def bake(recipes: tuple[str, ...], output: str, mirror: str | None, registry_hos
     written = _write_bake(recipes, output, mirror=mirror, registry=registry_host, compat_dir=compat_dir,
                           lock_dir=lock_dir, quiet=quiet, cache_from=cache_from, cache_to=cache_to)
     if run_it:
-        from imgfab.render.bake import run_bake
+        from imgfab.docker.bakerun import run_bake
 
         run_bake(written, builder=builder)
     if as_json:

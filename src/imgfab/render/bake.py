@@ -24,7 +24,7 @@ A registry build cache (issue 37): ``--cache-from`` / ``--cache-to`` become each
 ``cache-from`` / ``cache-to`` lists, ``{recipe}`` replaced by the recipe's name, so that every
 recipe of a fleet reads and writes a cache ref of its own (``mode=max`` keeps the builder
 stage's layers too: a CI runner with an empty local cache then pulls the payload install
-instead of running it). :func:`run_bake` runs ``docker buildx bake`` on the file, on the
+instead of running it). :func:`imgfab.docker.buildcache.run_bake` runs ``docker buildx bake`` on the file, on the
 engine's own builder or on a buildx builder by name (``--builder``).
 """
 
@@ -80,7 +80,7 @@ def bake_definition(recipe_paths: list[str], out_dir: Path, *, mirror: str | Non
     from imgfab.render.source import source_epoch, source_of  # noqa: PLC0415
     from imgfab.stack.resolve import resolve  # noqa: PLC0415
 
-    from imgfab.docker.buildcache import check_cache_specs, for_recipe  # noqa: PLC0415
+    from imgfab.render.cachespec import check_cache_specs, for_recipe  # noqa: PLC0415
 
     check_cache_specs(cache_from, cache_to, len(recipe_paths))
     if lock is not None and len(recipe_paths) != 1:
@@ -157,39 +157,3 @@ def write_bake(recipe_paths: list[str], path: Path, *, mirror: str | None = None
         raise
     return path
 
-
-def run_bake(path: Path, *, builder: str | None = None, targets: list[str] | None = None) -> None:
-    """``docker buildx bake -f PATH [--builder NAME] [TARGET…]`` from the current directory (where
-    the file's relative paths point), its progress on stderr; the build secrets
-    (:data:`SECRETS`) from this process's environment, nothing else secret. EngineError (exit
-    1) when buildx fails, naming its last lines."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from imgfab.docker import buildcache, engine  # noqa: PLC0415
-    from imgfab.docker.toolenv import tool_env  # noqa: PLC0415
-    from imgfab.errors import EngineError  # noqa: PLC0415
-
-    cli = engine.docker_cli(buildx=True)
-    env = tool_env("docker", {"DOCKER_BUILDKIT": "1", **{var: os.environ[var] for _, var in SECRETS
-                                                         if var in os.environ}})
-    argv = [cli, "buildx", "bake", "--progress=plain", "-f", str(path)]
-    if builder:
-        buildcache.builder_driver(cli, builder, env)  # an unknown builder: one line, exit 1
-        argv += ["--builder", builder]
-    argv += list(targets or [])
-    tail: list[str] = []
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, errors="replace", bufsize=1, start_new_session=True)
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            sys.stderr.write(line)
-            tail = (tail + [line.rstrip("\n")])[-3:]
-        code = process.wait()
-    except BaseException:  # a signal: the bake must not go on
-        engine.stop_process_group(process)
-        raise
-    if code != 0:
-        raise EngineError(f"docker buildx bake failed (exit {code}): {' | '.join(tail)}",
-                          field="bake", fix="see the log above")
