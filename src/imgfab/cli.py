@@ -588,8 +588,9 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
         ref = f"{repository}:{tag}"
         try:  # one tag the registry cannot describe is one rejected candidate
             # The digest printed is the sha256 of the very manifest bytes the labels came from.
-            digest, labels = registry.published_labels(ref, credentials)
-            images.append(Published(repository, tag, digest, labels))
+            # An index is resolved to the host's platform, as the daemon pulling it would.
+            digest, labels, platform = registry.published_image(ref, credentials, platform=host.platform)
+            images.append(Published(repository, tag, digest, labels, config_platform=platform))
         except RegistryError as error:
             images.append(Published(repository, tag, "", {}, error=error.one_line()))
     if trust is None:
@@ -606,8 +607,8 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
     if best is None:
         nearest = ", ".join(c.tag for c in candidates[:3]) or "none"
         error = CompatibilityError(
-            f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}) with driver "
-            f"{host.driver}; nearest: {nearest}", field="select",
+            f"no image in {repository} fits {host.gpu} (cc {host.compute_capability}, "
+            f"{host.platform}) with driver {host.driver}; nearest: {nearest}", field="select",
             fix=f"the host would need {what_host_needs(candidates, host)}")
         error.exit_code = 1
     if as_json:
@@ -618,11 +619,13 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
               selected=best.image.reference if best else None, advisories=advisories,
               candidates=[{"tag": c.image.tag, "reference": c.image.reference, "fits": c.fits,
                            "reason": c.reason(), "pull_requires": c.pull_requires,
+                           "platform": c.platform,
                            **c.rejection()} for c in candidates])
     elif explain:
         if host.seen:
             _say(f"host: {host.gpu} (cc {host.compute_capability}), driver {host.driver}; "
                        f"read from {host.seen}")
+        _say(f"host platform: {host.platform} ({host.platform_seen})")
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
             pull = f" (pull needs {candidate.pull_requires})" if candidate.pull_requires else ""

@@ -9,8 +9,8 @@ REDACT = ("tests/test_redaction.py",)
 PLANTS = [
     # --- select judges and prints one manifest ------------------------------------------
     dict(name="reg: select prints a second HEAD's digest", path="cli.py",
-         old="            digest, labels = registry.published_labels(ref, credentials)\n",
-         new="            labels = registry.published_labels(ref, credentials)[1]\n"
+         old="            digest, labels, platform = registry.published_image(ref, credentials, platform=host.platform)\n",
+         new="            _, labels, platform = registry.published_image(ref, credentials, platform=host.platform)\n"
              "            digest = registry.resolve_digest(ref, credentials).rsplit(\"@\", 1)[1]\n",
          first=SELECT),
     dict(name="reg: a manifest fetched by digest is not hash-checked", path="docker/registry.py",

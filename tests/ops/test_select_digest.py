@@ -188,7 +188,8 @@ def test_a_hostile_tag_is_one_printable_rejected_candidate(fake, good, tmp_path)
 def test_a_verdict_quoting_a_huge_label_is_one_bounded_printable_line(good):
     from imgfab.ops.select import HostGpu, Published, evaluate
 
-    host = HostGpu(driver="999.1.1", gpu="A100-SXM4-80GB", compute_capability="8.0")
+    host = HostGpu(driver="999.1.1", gpu="A100-SXM4-80GB", compute_capability="8.0",
+                   platform="linux/amd64")
     label = "\x1b[2J" + ",".join(f"sm_{i}" for i in range(20_000))
     candidate = evaluate(Published("r/x", "t", "sha256:" + "0" * 64,
                                    {**good, "org.imgfab.precision": label,

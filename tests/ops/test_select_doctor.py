@@ -16,6 +16,8 @@ from imgfab.ops.select import HostGpu, Published, choose, what_host_needs
 
 from conftest import REPO
 
+AMD64 = "linux/amd64"  # the platform imgfab builds, and the hosts these tables judge
+
 
 def _labels(matrix, name: str, **changes) -> dict[str, str]:
     data = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
@@ -57,7 +59,7 @@ def published(matrix) -> list[Published]:
     ("470.57.02", "H100-SXM", "9.0", "vllm", None),              # driver too old for all
 ])
 def test_select_table(published, driver, gpu, cc, backend, expected):
-    best, candidates = choose(published, HostGpu(driver, gpu, cc), backend=backend)
+    best, candidates = choose(published, HostGpu(driver, gpu, cc, AMD64), backend=backend)
     assert (best.image.tag if best else None) == expected, [(c.image.tag, c.reason()) for c in candidates]
     assert all(c.reason() for c in candidates)
     if best:
@@ -65,13 +67,13 @@ def test_select_table(published, driver, gpu, cc, backend, expected):
 
 
 def test_refusal_names_what_the_host_needs(published):
-    best, candidates = choose(published, HostGpu("470.57.02", "H100-SXM", "9.0"), backend="vllm")
+    best, candidates = choose(published, HostGpu("470.57.02", "H100-SXM", "9.0", AMD64), backend="vllm")
     assert best is None
-    assert what_host_needs(candidates, HostGpu("470.57.02", "H100-SXM", "9.0")).startswith("driver ≥ 525.60.13")
+    assert what_host_needs(candidates, HostGpu("470.57.02", "H100-SXM", "9.0", AMD64)).startswith("driver ≥ 525.60.13")
 
 
 def test_model_filter(published):
-    best, _ = choose(published, HostGpu("999.1.1", "L4", "8.9"), model="llama31-8b-l4")
+    best, _ = choose(published, HostGpu("999.1.1", "L4", "8.9", AMD64), model="llama31-8b-l4")
     assert best.image.tag == "c-l4-bf16"
 
 

@@ -23,7 +23,7 @@ from imgfab.ops.select import HostGpu, Published, choose
 
 from test_select_doctor import _labels
 
-H100 = HostGpu(driver="999.1.1", gpu="H100-SXM", compute_capability="9.0")
+H100 = HostGpu(driver="999.1.1", gpu="H100-SXM", compute_capability="9.0", platform="linux/amd64")
 
 
 @pytest.fixture(scope="module")

@@ -532,8 +532,10 @@ def _node_matches(terms: list[dict], labels: dict[str, str]) -> bool:
 @pytest.mark.parametrize(("name", "strategy"), CASES, ids=IDS)
 def test_k8s_placement_is_selects_rules(name, strategy, matrix, tmp_path):
     """For every GPU the matrix knows and drivers around the floor, the scheduler's answer
-    (node affinity on GPU Feature Discovery labels) equals `imgfab select`'s."""
-    from imgfab.stack.verdicts import driver_verdict, gpu_verdicts
+    (node affinity on GPU Feature Discovery labels and the kubelet's kubernetes.io/arch) equals
+    `imgfab select`'s, the platform included (a GH200 node is arm64: refused)."""
+    from imgfab.stack.verdicts import (driver_verdict, gpu_verdicts, image_platform,
+                                       platform_of_machine, platform_verdict)
 
     _, stack, files = _render(name, strategy, matrix, tmp_path / "ctx")
     labels = yaml.safe_load(files["image.json"])
@@ -563,8 +565,12 @@ def test_k8s_placement_is_selects_rules(name, strategy, matrix, tmp_path):
                     "nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": minor,
                     "nvidia.com/cuda.driver.rev": rev, "nvidia.com/gpu.count": "8",
                     "nvidia.com/gpu.memory": str(int(gpu.memory_gib * 1024)),
-                    "nvidia.com/gpu.product": product}
-            rules = driver_verdict(labels, driver).ok and all(
+                    "nvidia.com/gpu.product": product,
+                    # the kubelet's label: GOARCH of the node's CPU
+                    "kubernetes.io/arch": {"x86_64": "amd64", "aarch64": "arm64"}[gpu.cpu_arch]}
+            host_platform = platform_of_machine(gpu.cpu_arch)  # select --gpu's host platform
+            rules = platform_verdict(image_platform(labels), host_platform).ok and \
+                driver_verdict(labels, driver).ok and all(
                 v.ok for v in gpu_verdicts(labels, gpu.name, gpu.compute_capability))
             fits = gpu.memory_gib * 1024 >= need and (not stack.arch_exact or gpu.name == stack.gpu)
             assert _node_matches(terms, node) == (rules and fits), (gpu.name, driver)
@@ -585,9 +591,10 @@ def _placement(data: dict, matrix, tmp_path) -> tuple[list[dict], dict]:
         "nodeSelectorTerms"], pod)
 
 
-def _gfd_node(cc: str, memory_mib: int, count: int, product: str) -> dict[str, str]:
+def _gfd_node(cc: str, memory_mib: int, count: int, product: str,
+              arch: str = "amd64") -> dict[str, str]:
     major, minor = cc.split(".")
-    return {"nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor,
+    return {"kubernetes.io/arch": arch,"nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor,
             "nvidia.com/cuda.driver.major": "580", "nvidia.com/cuda.driver.minor": "95",
             "nvidia.com/cuda.driver.rev": "05", "nvidia.com/gpu.memory": str(memory_mib),
             "nvidia.com/gpu.count": str(count), "nvidia.com/gpu.product": product}

@@ -419,6 +419,19 @@ def test_an_engine_is_scheduled_on_its_own_gpu_only(name, source, matrix):
     assert _files(name, source, matrix)["k8s.yaml"].count("- matchExpressions:") == 1
 
 
+@pytest.mark.parametrize("source", ["render", "golden"])
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_every_image_records_its_platform_and_every_term_its_arch(name, source, matrix):
+    """Issue 35: the platform label, and kubernetes.io/arch in each node-selector term (ORed by
+    Kubernetes: one term without it admits a GH200's arm64 node)."""
+    files = _files(name, source, matrix)
+    assert 'org.imgfab.platform="linux/amd64"' in files["Dockerfile"]
+    assert '"org.imgfab.platform": "linux/amd64"' in files["image.json"]
+    terms = [line.strip() for line in files["k8s.yaml"].splitlines() if "- matchExpressions:" in line]
+    assert terms and all(t.startswith('- matchExpressions: [{"key": "kubernetes.io/arch", "operator": "In", '
+                                      '"values": ["amd64"]}, ') for t in terms), terms
+
+
 # ---------------------------------------------------------------- the fake-index lock
 
 

@@ -131,9 +131,14 @@ def test_405b_renders_a_leaderworkerset_that_validates(tmp_path):
         node = {"nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0",
                 "nvidia.com/cuda.driver.major": "580", "nvidia.com/cuda.driver.minor": "95",
                 "nvidia.com/cuda.driver.rev": "05", "nvidia.com/gpu.memory": "81559",
-                "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+                "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "kubernetes.io/arch": "amd64"}
         assert _node_matches(terms, node)
         assert not _node_matches(terms, dict(node, **{"nvidia.com/gpu.count": "4"}))
+        # a GH200 node: a Hopper GPU that passes every GPU rule, on an arm64 Grace CPU
+        assert not _node_matches(terms, dict(node, **{"kubernetes.io/arch": "arm64"}))
+        assert all({"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+                   in term["matchExpressions"] for term in terms)
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["IMGFAB_ROLE"] == ("leader" if role == "leaderTemplate" else "worker")
     leader = template["leaderTemplate"]["spec"]["containers"][0]

@@ -98,7 +98,7 @@ def _published(matrix, tag: str, digest: str) -> Published:
 
 def test_select_takes_the_newest_fitting_candidate_that_verifies(matrix):
     images = [_published(matrix, "a", "sha256:" + "1" * 64), _published(matrix, "b", "sha256:" + "2" * 64)]
-    host = HostGpu(driver="580.65.06", gpu="H100-SXM", compute_capability="9.0")
+    host = HostGpu(driver="580.65.06", gpu="H100-SXM", compute_capability="9.0", platform="linux/amd64")
     checked = []
 
     def verify(image):
@@ -119,7 +119,7 @@ def test_select_takes_the_newest_fitting_candidate_that_verifies(matrix):
 
 def test_a_candidate_that_does_not_fit_is_not_verified(matrix):
     images = [_published(matrix, "a", "sha256:" + "1" * 64)]
-    host = HostGpu(driver="470.57.02", gpu="H100-SXM", compute_capability="9.0")
+    host = HostGpu(driver="470.57.02", gpu="H100-SXM", compute_capability="9.0", platform="linux/amd64")
     calls = []
     best, _ = choose_verified(images, host, lambda image: calls.append(image) or [])
     assert best is None and calls == []

@@ -23,7 +23,7 @@ from imgfab.docker.registry_http import (_AUTH, _INDEX_TYPES, _NOT_JSON, DOCKER_
 
 # The names other stations and the tests use, wherever they live in this package.
 __all__ = ["Credentials", "ImageRef", "printable", "resolve_digest", "list_tags", "image_config",
-           "image_labels", "described", "published_labels", "retarget", "is_transient", "push", "tag_holder", "refuse_moving_tag"]
+           "image_labels", "described", "published_labels", "published_image", "config_platform", "retarget", "is_transient", "push", "tag_holder", "refuse_moving_tag"]
 
 # Backoff before attempt n+1 of a push: BACKOFF_S * 2**(n-1), capped at 30 s.
 BACKOFF_S = 1.0
@@ -192,14 +192,33 @@ def image_labels(ref: str, credentials: Credentials | None = None) -> dict[str, 
 def published_labels(ref: str, credentials: Credentials | None = None) -> tuple[str, dict[str, str]]:
     """``(digest, labels)``: the labels of the image :func:`described` reached, and the digest
     of exactly the manifest bytes they were reached from (what ``select`` prints)."""
-    digest, config = described(ref, credentials)
+    return published_image(ref, credentials)[:2]
+
+
+def published_image(ref: str, credentials: Credentials | None = None, *,
+                    platform: str = "linux/amd64") -> tuple[str, dict[str, str], str]:
+    """``(digest, labels, config platform)``: :func:`published_labels` with an index resolved to
+    its ``platform`` entry (the host's), and the ``os/architecture`` the image config records
+    (:func:`config_platform`)."""
+    digest, config = described(ref, credentials, platform=platform)
     section = config.get("config") if isinstance(config, dict) else None
     labels = (section.get("Labels") if isinstance(section, dict) else None) or {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in labels.items()):
         raise RegistryError(f"{printable(ref, 200)}: the image config's labels are not a "
                             "mapping of strings", field="image", fix="rebuild the image")
-    return digest, labels
+    return digest, labels, config_platform(config)
+
+
+def config_platform(config: Any) -> str:
+    """``os/architecture`` of an image config (the OCI config's required ``os`` and
+    ``architecture`` fields), made printable; '' when either is missing or not a string."""
+    if not isinstance(config, dict):
+        return ""
+    os_name, arch = config.get("os"), config.get("architecture")
+    if not (isinstance(os_name, str) and isinstance(arch, str) and os_name and arch):
+        return ""
+    return printable(f"{os_name}/{arch}", 60)
 
 
 def _manifest(client: _Client, ref: ImageRef, reference: str) -> tuple[str, dict[str, Any]]:

@@ -20,8 +20,10 @@ from imgfab.errors import RecipeError
 from imgfab.in_image.facts import HostFacts, load_nvml
 from imgfab.matrix.compat import Matrix
 from imgfab.matrix.gpus import memory_gib, nvml_key
-from imgfab.ops.host import read_this_host
-from imgfab.stack.verdicts import driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
+from imgfab.ops.host import read_this_host, this_machine
+from imgfab.stack.verdicts import (IMAGE_PLATFORM, driver_verdict, gpu_verdicts, image_platform,
+                                   is_imgfab_image, label_problem, platform_of_machine,
+                                   platform_verdict)
 
 GIB = 1024**3
 
@@ -52,6 +54,7 @@ class HostView:
     docker_error: str | None = None
     buildx: str | None = None  # `docker buildx version`'s line; None: no plugin (or not checked)
     tools: dict[str, str | None] = field(default_factory=dict)  # name → path or None
+    machine: str | None = None  # the CPU, platform.machine() (x86_64, aarch64); None: not read
 
 
 def _read(path: str) -> str | None:
@@ -99,7 +102,8 @@ def live_view(docker_info: Callable[[], dict[str, Any]] | None = None,
         memlock_soft=-1 if soft == resource.RLIM_INFINITY else soft,
         free_disk_bytes=shutil.disk_usage(disk_path).free, docker_info=info, docker_error=error,
         buildx=buildx_version() if buildx_version is not None and info is not None else None,
-        tools={name: shutil.which(name) for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-runtime")})
+        tools={name: shutil.which(name) for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-runtime")},
+        machine=this_machine())
 
 
 def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
@@ -112,6 +116,9 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
     loaded = {line.split()[0] for line in modules.splitlines() if line.strip()}
     version_file = view.files.get("/proc/driver/nvidia/version")
     gpu_present = bool(view.host.gpus) or "nvidia" in loaded or version_file is not None
+
+    # --- the CPU: every image imgfab builds is linux/amd64 ------------------------------------
+    findings.extend(platform_findings(view.machine))
 
     # --- driver -----------------------------------------------------------------------
     if "nouveau" in loaded:
@@ -181,8 +188,22 @@ def diagnose(view: HostView, *, image_labels: dict[str, str] | None = None,
     # --- an image on this host -----------------------------------------------------------
     if image_labels is not None:
         findings.extend(pull_findings(image_labels, view.docker_info))
-        findings.extend(image_findings(image_labels, view.host))
+        findings.extend(image_findings(image_labels, view.host, machine=view.machine))
     return findings
+
+
+def platform_findings(machine: str | None) -> list[Finding]:
+    """On a host whose CPU is not x86_64 (a Grace GH200/GB200 node is aarch64): which images can
+    run here. Nothing on an x86_64 host, or when the CPU was not read."""
+    if not machine:
+        return []
+    platform = platform_of_machine(machine)
+    if platform == IMAGE_PLATFORM:
+        return []
+    return [Finding("platform", "error", f"this host is {platform} (CPU {machine}): the images imgfab "
+                    f"builds are {IMAGE_PLATFORM} only and cannot run here (`exec format error`); "
+                    f"`imgfab select` refuses every one of them", f"run them on an x86_64 host "
+                    f"(H100, H200, B200, ...); imgfab does not build {platform} images")]
 
 
 def engine_findings(info: dict[str, Any], buildx: str | None) -> list[Finding]:
@@ -266,8 +287,9 @@ def matrix_findings(host: HostFacts, matrix: Matrix) -> list[Finding]:
     return findings
 
 
-def image_findings(labels: dict[str, str], host: HostFacts) -> list[Finding]:
-    """Would this image (its config labels) run here? The rules `select` applies, no layer pulled."""
+def image_findings(labels: dict[str, str], host: HostFacts, *, machine: str | None = None) -> list[Finding]:
+    """Would this image (its config labels) run here? The rules `select` applies, no layer pulled.
+    With ``machine`` (this host's CPU), its ``org.imgfab.platform`` is judged first."""
     problem = label_problem(labels)
     if problem is not None:
         return [Finding("image", "error", f"the image's labels cannot be read: {problem}",
@@ -275,17 +297,22 @@ def image_findings(labels: dict[str, str], host: HostFacts) -> list[Finding]:
     if not is_imgfab_image(labels):
         return [Finding("image", "error", "the image has no org.imgfab labels (not built by imgfab)",
                         "rebuild it with imgfab build")]
+    found = []
+    if machine and labels.get("org.imgfab.platform"):  # an older image's platform is in its config only
+        verdict = platform_verdict(image_platform(labels), platform_of_machine(machine),
+                                   f"this machine is {machine}")
+        found.append(Finding("image-platform", "ok" if verdict.ok else "error", verdict.reason, verdict.fix))
     if host.error or not host.driver:
-        return [Finding("image", "info", "no GPU driver here: the image's driver/arch rules cannot be checked")]
+        return found + [Finding("image", "info", "no GPU driver here: the image's driver/arch rules cannot be checked")]
     try:
         verdicts = [driver_verdict(labels, host.driver)]
         for gpu in host.gpus:
             verdicts += gpu_verdicts(labels, f"GPU{gpu.index} {gpu.name}", gpu.compute_capability,
                                      driver=host.driver)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        return [Finding("image", "error", f"the image's org.imgfab labels cannot be read: "
-                        f"{str(exc)[:120]}", "rebuild it with imgfab build")]
-    return [Finding(f"image-{v.check}", "ok" if v.ok else "error", v.reason, v.fix) for v in verdicts]
+        return found + [Finding("image", "error", f"the image's org.imgfab labels cannot be read: "
+                                f"{str(exc)[:120]}", "rebuild it with imgfab build")]
+    return found + [Finding(f"image-{v.check}", "ok" if v.ok else "error", v.reason, v.fix) for v in verdicts]
 
 
 def _json(text: str | None) -> dict[str, Any]:

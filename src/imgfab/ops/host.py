@@ -5,12 +5,14 @@ which the driver installs beside ``libnvidia-ml`` (imgfab itself does not depend
 nvidia-ml-py). Both report the same facts: the driver version and, per GPU, its product name,
 compute capability and total memory; :attr:`HostFacts.via` says which one answered. With
 neither, or when the one there fails, :attr:`HostFacts.error` says why (no GPU here, no
-driver, a driver too old for the query) and nothing else is guessed.
+driver, a driver too old for the query) and nothing else is guessed. The CPU (:func:`this_machine`) is
+:func:`platform.machine`'s answer.
 """
 
 from __future__ import annotations
 
 import csv
+import platform
 import subprocess
 from typing import Callable
 
@@ -70,3 +72,9 @@ def read_this_host(nvml: Nvml | None, run: Runner = _run) -> HostFacts:
     if nvml is not None:
         return read_host(nvml)
     return read_nvidia_smi(run)
+
+
+def this_machine() -> str:
+    """This machine's CPU as the kernel names it (``x86_64``, ``aarch64``): what
+    :func:`imgfab.stack.verdicts.platform_of_machine` turns into the platform images must have."""
+    return platform.machine()

@@ -1,14 +1,16 @@
 """Pick the right published image for a host: `imgfab select`.
 
 :func:`choose` is pure: published images (tag, digest, labels) × a host (driver, GPU) → the
-newest image whose driver floor, GPU architecture and precision fit, plus a verdict for every
-other image. It applies the same :mod:`imgfab.in_image.rules` the resolver and the in-image probe use.
+newest image whose platform (linux/amd64 on an x86_64 host), driver floor, GPU architecture
+and precision fit, plus a verdict for every other image. It applies the same
+:mod:`imgfab.in_image.rules` the resolver and the in-image probe use.
 "Newest" is the highest backend version, then the highest CUDA version, then the tag name:
 the registry API gives no reliable push time.
 """
 
 from __future__ import annotations
 
+import platform as _platform
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +21,9 @@ from imgfab.in_image.facts import HostFacts
 from imgfab.in_image.rules import Verdict, parse_version
 from imgfab.matrix.compat import Matrix
 from imgfab.matrix.gpus import memory_gib
-from imgfab.stack.verdicts import P, driver_verdict, gpu_verdicts, is_imgfab_image, label_problem
+from imgfab.stack.verdicts import (IMAGE_PLATFORM, P, driver_verdict, gpu_verdicts, image_platform,
+                                   is_imgfab_image, label_problem, platform_of_machine,
+                                   platform_verdict)
 
 __all__ = ["HostGpu", "Published", "Candidate", "choose", "choose_verified", "evaluate", "host_gpu",
            "what_host_needs",
@@ -38,19 +42,26 @@ def _printable(text: str, limit: int) -> str:
 
 @dataclass(frozen=True)
 class HostGpu:
-    """The host as select sees it: driver version and one GPU model's compute capability."""
+    """The host as select sees it: driver version, one GPU model's compute capability, and the
+    platform an image must be built for (``linux/amd64``, ``linux/arm64``)."""
 
     driver: str
     gpu: str
     compute_capability: str
+    platform: str
     seen: str = ""  # what the host reported, when the GPU or driver was read from it
+    platform_seen: str = ""  # where the platform came from: the GPU's row, or this machine
 
 
 def host_gpu(matrix: Matrix, read_host: Callable[[], HostFacts], *, driver: str | None = None,
-             gpu: str | None = None) -> HostGpu:
+             gpu: str | None = None, machine: Callable[[], str] = _platform.machine) -> HostGpu:
     """``--driver``/``--gpu``, or this host's (``read_host``: NVML or nvidia-smi) for each one
     omitted: its driver, and its first GPU resolved through ``compat/gpus.yaml`` by the name
     and memory it reports (:meth:`Matrix.host_gpu`).
+
+    The platform: with ``gpu``, the CPU that GPU's hosts have (its row's ``cpu_arch``: GH200
+    and GB200 are aarch64 Grace superchips, so ``linux/arm64``); without, this machine's
+    (``machine``, :func:`platform.machine`).
 
     Raises RecipeError (exit 2) when the host cannot be read or its GPU is not in the matrix,
     and MatrixError (exit 1) when the matrix gives that GPU another compute capability than the
@@ -83,10 +94,14 @@ def host_gpu(matrix: Matrix, read_host: Callable[[], HostFacts], *, driver: str 
                               f"{found.compute_capability}, but this host's {reported.name} reports "
                               f"{reported.compute_capability}", field="compat/gpus.yaml",
                               fix="correct the record (or pass --gpu to override)")
+        cpu = machine()
+        where = f"this machine is {cpu}"
     else:
         found = matrix.host_gpu(gpu, field="--gpu")
+        cpu = found.cpu_arch
+        where = f"{found.name} hosts are {cpu}, compat/gpus.yaml cpu_arch"
     return HostGpu(driver=driver, gpu=found.name, compute_capability=found.compute_capability,
-                   seen=seen)
+                   platform=platform_of_machine(cpu), seen=seen, platform_seen=where)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,9 @@ class Published:
     labels: dict[str, str]
     # Why the registry could not describe this image (its manifest or config), if it could not.
     error: str | None = None
+    # The image config's os/architecture ('' when it has none): the platform of an image built
+    # before the org.imgfab.platform label.
+    config_platform: str = ""
 
     @property
     def reference(self) -> str:
@@ -150,6 +168,13 @@ class Candidate:
         """The image's tag as printed: the registry chose it, so it is made printable."""
         return _printable(self.image.tag, 130)
 
+    @property
+    def platform(self) -> str:
+        """The platform it was judged by (:func:`image_platform`), made printable; '' when
+        unknown."""
+        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
+        return _printable(image_platform(labels, self.image.config_platform), 60)
+
 
 def _version_key(text: str) -> tuple[int, ...]:
     try:
@@ -171,6 +196,10 @@ def evaluate(image: Published, host: HostGpu) -> Candidate:
     if not is_imgfab_image(image.labels):
         candidate.verdicts.append(Verdict(False, "labels", "not an imgfab image (no driver floor label)"))
         return candidate
+    # The platform first: an image of another CPU architecture dies with `exec format error`
+    # whatever its GPU rules say (the rest is still judged, and listed).
+    candidate.verdicts.append(platform_verdict(image_platform(image.labels, image.config_platform),
+                                               host.platform, host.platform_seen))
     try:
         verdicts = [driver_verdict(image.labels, host.driver),
                     *gpu_verdicts(image.labels, host.gpu, host.compute_capability, driver=host.driver)]
@@ -237,6 +266,9 @@ def what_host_needs(candidates: list[Candidate], host: HostGpu) -> str:
     if floors:
         lowest = min(floors, key=_version_key)
         return f"driver ≥ {lowest}"
+    if candidates and all("platform" in {v.check for v in c.verdicts if not v.ok} for c in candidates):
+        return (f"an image built for {host.platform}, which imgfab does not build (it builds "
+                f"{IMAGE_PLATFORM} only): run on a host whose CPU is x86_64")
     if any({v.check for v in c.verdicts if not v.ok} == {"signature"} for c in candidates):
         return "an image that fits and whose signature and attestations verify with the trusted key"
     if candidates:

@@ -37,6 +37,7 @@ from imgfab.render import shapes
 from imgfab.render.templating import environment
 from imgfab.stack.resolve import Stack
 from imgfab.stack.toolchain import PAYLOAD_CUDA_HOME
+from imgfab.stack.verdicts import IMAGE_PLATFORM
 
 if TYPE_CHECKING:
     from imgfab.render import trtllm
@@ -268,6 +269,9 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         f"{p}.version": __version__,
         f"{p}.recipe.name": recipe.name,
         f"{p}.recipe.hash": digest,
+        # The platform the image runs on (os/architecture): select refuses it on a host of
+        # another CPU, and k8s.yaml places its pods on nodes of this kubernetes.io/arch only.
+        f"{p}.platform": IMAGE_PLATFORM,
         f"{p}.model.id": recipe.model.id,
         f"{p}.model.revision": recipe.model.revision or "",
         f"{p}.model.mount": recipe.model.mount_path,
@@ -624,7 +628,7 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
                  plan: trtllm.EnginePlan | None) -> dict[str, Any]:
     """What k8s.yaml lays out: placement from the image's own rules, requests, claims."""
     from imgfab.render.placement import (allowed_compute_capabilities, capacity_terms,
-                                         node_affinity_terms, product_label)
+                                         node_affinity_terms, platform_terms, product_label)
 
     terms = node_affinity_terms(labels, matrix)
     if not terms:
@@ -641,7 +645,14 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
                               "the engine's pods cannot be pinned to it (nvidia.com/gpu.product)",
                               field="target.gpu", fix=f"add {stack.gpu}'s nvml_names to compat/gpus.yaml")
     fit = capacity_terms(per_gpu_mib=per_gpu_mib, gpus_per_pod=gpus, products=products)
-    terms = [term + fit for term in terms]
+    try:
+        arch = platform_terms(labels)
+    except ValueError as error:
+        raise RecipeError(str(error), field="org.imgfab.platform",
+                          fix="render with imgfab's own image labels") from None
+    # Kubernetes ORs the terms: each one carries the architecture, or a term without it
+    # would admit a node of another CPU (a GH200 passes the H100 rules).
+    terms = [arch + term + fit for term in terms]
     memory_gi = K8S_MEMORY_PER_GPU_GI * gpus + -(-size_bytes(recipe.image.shm_size) // 1024**3)
     selector = {"app.kubernetes.io/name": recipe.name}
     at_start = plan is not None and plan.strategy == "at-start"
@@ -660,6 +671,7 @@ def _k8s_context(recipe: Recipe, stack: Stack, labels: dict[str, str], matrix: M
         "group_pods": {LWS_NAME: recipe.name, LWS_GROUP_INDEX: "0"},
         "leader_pods": {LWS_NAME: recipe.name, LWS_WORKER_INDEX: "0"},
         "compute_capabilities": allowed_compute_capabilities(labels, matrix),
+        "arch": arch[0]["values"][0],
         "affinity_terms": terms,
         "gpu_memory_mib": per_gpu_mib,
         "gpus_per_pod": gpus,

@@ -19,6 +19,10 @@ hold of the weights and the KV cache at ``gpu_memory_utilization`` (:mod:`imgfab
 ``nvidia.com/gpu.count`` (GPUs on the node) ≥ the GPUs one pod asks for; and for a TensorRT
 engine, exact to one GPU, ``nvidia.com/gpu.product`` (the NVML name, spaces as ``-``) one of
 that GPU's names in ``compat/gpus.yaml`` ``nvml_names``.
+
+The CPU (:func:`platform_terms`): ``kubernetes.io/arch`` (the kubelet's well-known label, GOARCH:
+``amd64``, ``arm64``) from the image's ``org.imgfab.platform``, in every term, so that a Grace
+node (GH200, GB200: arm64) whose GPU passes the rules never gets an amd64 pod.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ CC_MINOR = "nvidia.com/gpu.compute.minor"
 GPU_MEMORY = "nvidia.com/gpu.memory"
 GPU_COUNT = "nvidia.com/gpu.count"
 GPU_PRODUCT = "nvidia.com/gpu.product"
+NODE_ARCH = "kubernetes.io/arch"
 DRIVER_LABELS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
                  "nvidia.com/cuda.driver.rev")
 
@@ -85,6 +90,19 @@ def node_affinity_terms(labels: dict[str, str], matrix: Any) -> list[list[dict[s
             terms.append(gpu + driver)
     return terms
 
+
+
+def platform_terms(labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The match expression every node-affinity term carries: the node's ``kubernetes.io/arch``
+    is the architecture of the image's ``org.imgfab.platform`` (``linux/amd64`` → ``amd64``).
+    Raises ValueError when the label is missing or is not ``linux/<arch>``."""
+    platform = labels.get("org.imgfab.platform", "")
+    os_name, _, arch = platform.partition("/")
+    arch = arch.split("/")[0]
+    if os_name != "linux" or not arch.isalnum():
+        raise ValueError(f"the image's org.imgfab.platform label is {platform[:60]!r}, not "
+                         "linux/<architecture>: its pods' kubernetes.io/arch is unknown")
+    return [{"key": NODE_ARCH, "operator": "In", "values": [arch]}]
 
 
 def product_label(nvml_name: str) -> str:

@@ -35,6 +35,7 @@ from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _
                                      precisions_to_check)
 from imgfab.stack.advisories import advisory_notes, refusal_fix, refused_hits, unknown_acceptances
 from imgfab.stack.fit import check_fit
+from imgfab.stack.verdicts import IMAGE_PLATFORM
 from imgfab.stack.fixes import _field_for, _nearest_fix
 from imgfab.in_image.fit import ModelFacts
 
@@ -255,10 +256,11 @@ def deciding_rejection(failures_by_release: list[tuple[BackendRelease, list[Reje
 
 
 def refuse_cpu_arch(gpu: Gpu, where: str) -> None:
-    """One line for a GPU whose hosts are not x86_64: every image row in the matrix is linux/amd64."""
+    """One line for a GPU whose hosts are not x86_64: every image row in the matrix is
+    :data:`~imgfab.stack.verdicts.IMAGE_PLATFORM`."""
     if gpu.cpu_arch != "x86_64":
         raise RecipeError(
-            f"{gpu.name} hosts are {gpu.cpu_arch} (Grace superchip) and imgfab builds linux/amd64 "
+            f"{gpu.name} hosts are {gpu.cpu_arch} (Grace superchip) and imgfab builds {IMAGE_PLATFORM} "
             f"images only: the matrix records x86_64 wheels (torch, vLLM, TensorRT-LLM) and amd64 "
             f"nvidia/cuda tags, whose kernel lists and CUDA runtimes differ on aarch64",
             field=where, fix="target an x86_64 GPU host (e.g. H100-SXM, B200)")

@@ -13,6 +13,44 @@ from imgfab.in_image.rules import (Verdict, check_arch, check_driver, check_driv
 
 P = "org.imgfab"
 
+# The one platform imgfab builds (the matrix records x86_64 wheels and amd64 nvidia/cuda tags;
+# :func:`imgfab.stack.resolve.refuse_cpu_arch` refuses aarch64 GPUs): every image records it in
+# its ``org.imgfab.platform`` label, and select, doctor and the k8s placement judge by it.
+IMAGE_PLATFORM = "linux/amd64"
+# What a CPU calls itself (``platform.machine()``, compat/gpus.yaml ``cpu_arch``) → the OCI
+# architecture a platform names (the GOARCH spelling Docker, OCI and kubernetes.io/arch use).
+_OCI_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def platform_of_machine(machine: str) -> str:
+    """The ``os/architecture`` platform of a Linux host whose CPU is ``machine``:
+    ``x86_64`` → ``linux/amd64``, ``aarch64`` → ``linux/arm64``; another name is kept as it is
+    (``ppc64le`` → ``linux/ppc64le``), so it matches no image imgfab builds."""
+    name = machine.strip().lower()
+    return f"linux/{_OCI_ARCH.get(name, name or 'unknown')}"
+
+
+def image_platform(labels: dict[str, str], config_platform: str = "") -> str:
+    """The platform an image runs on: its ``org.imgfab.platform`` label, else (images built
+    before the label) its config's ``os/architecture`` as the registry gave it; '' when neither
+    says. A variant (``linux/arm64/v8``) is dropped: hosts are judged by os and architecture."""
+    said = labels.get(f"{P}.platform") or config_platform
+    return "/".join(str(said).split("/")[:2]) if said else ""
+
+
+def platform_verdict(platform: str, host_platform: str, host_seen: str = "") -> Verdict:
+    """Does an image of ``platform`` run on a host of ``host_platform``? ``host_seen`` says
+    where the host's platform came from (e.g. "GH200 hosts are aarch64 (compat/gpus.yaml)")."""
+    where = f" ({host_seen})" if host_seen else ""
+    if not platform:
+        return Verdict(False, "platform", f"the image records no platform (no {P}.platform label, "
+                       f"no os/architecture in its config): this host is {host_platform}{where}",
+                       "rebuild it with imgfab build, which labels the platform")
+    if platform == host_platform:
+        return Verdict(True, "platform", f"{platform} image on a {host_platform} host")
+    return Verdict(False, "platform", f"{platform} image: this host is {host_platform}{where}",
+                   f"run it on a {platform} host (imgfab builds {IMAGE_PLATFORM} images only)")
+
 
 def label_problem(labels: object) -> str | None:
     """Why ``labels`` cannot be judged (not a mapping of strings), or None."""
