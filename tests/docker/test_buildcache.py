@@ -142,6 +142,7 @@ def _recording_cli(tmp_path: Path, driver: str | None) -> tuple[Path, Path]:
 case "$1 $2" in
   "build --help") echo "--secret --cache-from --cache-to --builder"; exit 0;;
   "buildx inspect") {inspect};;
+  "context show") echo default; exit 0;;
   "build "*) echo "#1 DONE"; exit 0;;
 esac
 exit 0
@@ -252,3 +253,21 @@ def test_a_clean_cache_is_counted(tmp_path):
     dest = _layout(tmp_path / "cache", {"opt/venv/ok.py": b"print(1)\n"})
     scan = scan_cache(f"type=local,dest={dest}", _policy(PIP_CONF)).to_dict()
     assert scan["layers"] == 1 and scan["secrets"] == [] and scan["bytes"] > 0
+
+
+def test_another_contexts_engine_is_not_taken_as_a_builder(tmp_path, monkeypatch):
+    """buildx builds on a docker-driver builder only as the current context (measured on
+    buildx 0.13: "use `docker --context=NAME buildx` to switch"), and imgfab verifies there."""
+    cli, record = _recording_cli(tmp_path, "docker")
+    monkeypatch.setenv("IMGFAB_DOCKER_CLI", str(cli))
+    monkeypatch.setattr(engine, "check_engine", lambda compression, facts=None: engine.EngineFacts(
+        version="26.1.5", containerd_store=True, storage="overlayfs"))
+    monkeypatch.setattr(engine, "inspect_image", lambda ref: {"Id": "sha256:" + "1" * 64})
+    with pytest.raises(EngineError) as caught:
+        engine.build(tmp_path, compression="gzip", builder="gpu-box")
+    assert caught.value.field == "--builder" and "engine of docker context 'gpu-box'" in str(caught.value)
+    assert not any(c[0] == "build" and c[1] != "--help" for c in _argv(record))
+    engine.build(tmp_path, compression="gzip", builder="default")  # the current context: built
+    build = next(c for c in _argv(record) if c[0] == "build" and c[1] != "--help")
+    assert build[build.index("--builder") + 1] == "default"
+    assert build[build.index("--output") + 1].startswith("type=image,")

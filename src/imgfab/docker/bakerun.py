@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from imgfab.docker import engine
-from imgfab.docker.buildcache import builder_driver
+from imgfab.docker.buildcache import builder_driver, check_engine_builder
 from imgfab.docker.toolenv import tool_env
 from imgfab.errors import EngineError
 from imgfab.render.bake import SECRETS
@@ -25,7 +25,8 @@ def run_bake(path: Path, *, builder: str | None = None, targets: list[str] | Non
                                                          if var in os.environ}})
     argv = [cli, "buildx", "bake", "--progress=plain", "-f", str(path)]
     if builder:
-        builder_driver(cli, builder, env)  # an unknown builder: one line, exit 1
+        # an unknown builder, or another context's engine: one line, exit 1
+        check_engine_builder(cli, builder, builder_driver(cli, builder, env), env)
         argv += ["--builder", builder]
     argv += list(targets or [])
     tail: list[str] = []

@@ -131,6 +131,8 @@ class BuiltImage:
     cache_to: list[str] = field(default_factory=list)
     # each exported cache's secrets scan (imgfab.docker.cache_scan): spec, layers, bytes, secrets
     cache_scans: list[dict[str, Any]] = field(default_factory=list)
+    # the steps BuildKit ran rather than took from a cache: "stage index/total instruction"
+    ran: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object, every secret-shaped value redacted."""
@@ -465,7 +467,9 @@ def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[st
         cached_by_stage={k: list(v) for k, v in sorted(result.cached_by_stage().items())},
         base_images={k: build_args[k] for k in ("BUILDER_IMAGE", "RUNTIME_IMAGE")}, verify=report.to_dict(), notes=list(report.notes),
         builder=options.builder, cache_from=cache_for(options.cache_from, recipe.name),
-        cache_to=cache_for(options.cache_to, recipe.name), cache_scans=cache_scans)
+        cache_to=cache_for(options.cache_to, recipe.name), cache_scans=cache_scans,
+        ran=[f"{step.stage} {step.index}/{step.total} {printable(step.instruction)[:120]}"
+             for step in result.steps if not step.cached])
     if options.smoke:
         where[0] = "smoke"
         if options.smoke_hook is None:

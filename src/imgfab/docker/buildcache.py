@@ -17,12 +17,14 @@ here, so that a typo is one line at exit 2 instead of a failure minutes into a b
   fleet its own cache ref; a ``--cache-to`` for several recipes must contain it (two recipes
   exporting to one ref overwrite each other's cache).
 
-A builder is a buildx builder by name (``docker buildx ls``): the ``docker`` driver of a docker
-context, or a BuildKit fleet (``remote``, ``kubernetes``, ``docker-container`` drivers).
-:func:`builder_driver` asks buildx for its driver. A builder of the ``docker`` driver writes the
-image into its engine's store, as the default builder does; any other driver keeps its results
+A builder is a buildx builder by name (``docker buildx ls``): a BuildKit fleet (``remote``,
+``kubernetes``, ``docker-container`` drivers) or the ``docker`` driver of a docker context.
+:func:`builder_driver` asks buildx for its driver. Any driver but ``docker`` keeps its results
 in its own cache, so imgfab's build exports the image to the engine it verifies with
-(``type=docker``, the same compression settings: :func:`output_for_driver`).
+(``type=docker``, the same compression settings: :func:`output_for_driver`). A ``docker``-driver
+builder is its context's engine, which buildx uses only when that context is the current one
+(measured: ``use `docker --context=NAME buildx` to switch``), so only the current context's is
+taken (:func:`check_engine_builder`); another is one line at exit 1.
 """
 
 from __future__ import annotations
@@ -51,6 +53,23 @@ def builder_driver(cli: str, name: str, env: dict[str, str]) -> str:
                           fix="create it (docker buildx create --name NAME …) or pick one from "
                               "`docker buildx ls`")
     return driver
+
+
+def check_engine_builder(cli: str, name: str, driver: str, env: dict[str, str]) -> None:
+    """A ``docker``-driver builder is a docker context's engine: buildx builds on one only when
+    that context is the current one (``use `docker --context=NAME buildx` ``, buildx says
+    otherwise), and imgfab verifies on the current one. Another context's is EngineError."""
+    if driver != "docker":
+        return
+    done = subprocess.run([cli, "context", "show"], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    current = done.stdout.strip()
+    if done.returncode != 0 or current != name:
+        raise EngineError(f"builder {name!r} is the engine of docker context {name!r}, not the "
+                          f"engine imgfab builds and verifies on (context {current or 'unknown'!r})",
+                          field="--builder",
+                          fix="point DOCKER_HOST or DOCKER_CONTEXT at that engine, or give a BuildKit "
+                              "builder (docker buildx create --driver remote|kubernetes|docker-container)")
 
 
 def output_for_driver(output: str, driver: str) -> str:

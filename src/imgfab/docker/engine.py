@@ -380,6 +380,8 @@ def build(context_dir: Path, *, tags: list[str] | tuple[str, ...] = (),
     buildcache.check_cache_specs(cache_from, cache_to, 1)
     cli = docker_cli(buildx=bool(cache_from or cache_to or builder))
     driver = buildcache.builder_driver(cli, builder, _build_env()) if builder else "docker"
+    if builder:
+        buildcache.check_engine_builder(cli, builder, driver, _build_env())
     facts = check_engine(compression)  # the engine the image is verified in, whoever builds it
     if cache_to and driver == "docker" and not facts.containerd_store:
         raise EngineError(f"this engine ({facts.version}) uses the classic image store, whose "
