@@ -425,10 +425,11 @@ def _build_recipe(recipe_path: str, options: BuildOptions, on_line: Callable[[st
             # issue 37: the exported cache holds every stage's layers; no build secret in any
             where[0] = "cache"
             from imgfab.docker.cache_scan import scan_cache  # noqa: PLC0415
+            from imgfab.render.cachespec import spec_settings  # noqa: PLC0415
             try:
                 cache_scans = [scan_cache(spec, policy).to_dict()
                                for spec in cache_for(options.cache_to, recipe.name)
-                               if "type=inline" not in spec.split(",")]
+                               if spec_settings(spec).get("type") != "inline"]
             except ImgfabError:  # the image goes with its verdict, as a rejected one does
                 _reject(result.image_id, tags, result.hold_ref)
                 raise

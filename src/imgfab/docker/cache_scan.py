@@ -49,15 +49,13 @@ class CacheScan:
                 "secrets": list(self.secrets)}
 
 
-def _settings(spec: str) -> dict[str, str]:
-    return dict(part.partition("=")[::2] for part in spec.split(","))
-
-
 def scan_cache(spec: str, policy: Any, credentials: Any = None) -> CacheScan:
     """Scan the cache ``spec`` (a ``--cache-to`` spec as buildx got it) exported; raises
     :class:`ValidationFailed` naming each secret found and :class:`RegistryError` when the
     registry cannot be read."""
-    settings = _settings(spec)
+    from imgfab.render.cachespec import spec_settings  # noqa: PLC0415
+
+    settings = spec_settings(spec)
     scan = CacheScan(spec=spec)
     if settings.get("type") == "registry":
         _scan_registry(settings["ref"], policy, credentials, scan)
@@ -66,8 +64,9 @@ def scan_cache(spec: str, policy: Any, credentials: Any = None) -> CacheScan:
         for blob in sorted(blobs.iterdir()) if blobs.is_dir() else []:
             _scan_file(blob, f"sha256:{blob.name}", policy, scan)
     if scan.secrets:
-        raise ValidationFailed(f"the build cache {spec.split(',ref=')[-1].split(',')[0] if 'ref=' in spec else spec} "
-                               f"holds a build secret: {'; '.join(scan.secrets[:5])}",
+        where = settings.get("ref") or settings.get("dest") or spec
+        raise ValidationFailed(f"the build cache {where} holds a build secret: "
+                               f"{'; '.join(scan.secrets[:5])}",
                                field="--cache-to",
                                fix="delete that cache from its registry or directory, and find the "
                                    "step that wrote the secret into a layer")

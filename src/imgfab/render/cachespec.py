@@ -59,6 +59,11 @@ def check_cache_spec(spec: str, *, field: str) -> str:
     return spec
 
 
+def spec_settings(spec: str) -> dict[str, str]:
+    """``{key: value}`` of a spec :func:`check_cache_spec` accepted (``type``, ``ref``, …)."""
+    return dict(part.partition("=")[::2] for part in spec.split(","))
+
+
 def check_cache_specs(cache_from: tuple[str, ...] | list[str], cache_to: tuple[str, ...] | list[str],
                       recipes: int) -> None:
     """Each spec checked; a ``--cache-to`` shared by several recipes must hold ``{recipe}``."""
@@ -66,7 +71,7 @@ def check_cache_specs(cache_from: tuple[str, ...] | list[str], cache_to: tuple[s
         check_cache_spec(spec, field="--cache-from")
     for spec in cache_to:
         check_cache_spec(spec, field="--cache-to")
-        if recipes > 1 and PLACEHOLDER not in spec and "type=inline" not in spec.split(","):
+        if recipes > 1 and PLACEHOLDER not in spec and spec_settings(spec).get("type") != "inline":
             raise RecipeError(f"one --cache-to for {recipes} recipes: each would overwrite the "
                               "cache the others exported", field="--cache-to",
                               fix=f"put {PLACEHOLDER} in the ref, e.g. "
