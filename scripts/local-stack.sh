@@ -37,6 +37,7 @@ DOCKER_CONFIG_DIR="$STACK/docker-config"
 # a system dockerd. The subnet is one Docker's default pools never hand out.
 BRIDGE=imgfab0
 BRIDGE_ADDR=10.213.77.1/24
+BRIDGE_MAC=02:42:0a:d5:4d:01
 
 REGISTRY=127.0.0.1:5000
 REGISTRY_USER=imgfab
@@ -358,6 +359,24 @@ uplink_mtu() {
     if [[ -n $dev && -r /sys/class/net/$dev/mtu ]]; then cat "/sys/class/net/$dev/mtu"; else echo 1500; fi
 }
 
+bridge_up() {
+    local mtu
+    mtu=$(uplink_mtu)
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$BRIDGE_ADDR" dev "$BRIDGE"
+    fi
+    # A fixed MAC (locally administered, from the bridge's address, as dockerd gives the bridges
+    # it creates): a bridge created without one takes the lowest MAC of its ports and changes it
+    # whenever that port leaves. Build steps come and go on it by the dozen during a fleet bake;
+    # each change left the steps still running with the gateway's old MAC in their ARP cache,
+    # and their connects to the index on the gateway timed out for ~45 s (issue 31: CI's bake
+    # test failed on `tcp connect error` to 10.213.77.1:5080; reproduced twice here under load, the
+    # bake test failing both times; with the MAC fixed it passed under the same load).
+    ip link set "$BRIDGE" address "$BRIDGE_MAC"
+    ip link set "$BRIDGE" mtu "$mtu" up
+}
+
 start_dockerd() {
     local pid
     if pid=$(live_pid "$DOCKERD_PIDFILE"); then
@@ -368,6 +387,7 @@ start_dockerd() {
             running_as=$(admin_docker info -f '{{.ServerVersion}} {{range .DriverStatus}}{{index . 1}} {{end}}' 2>/dev/null || true)
             # Debian's build reports "26.1.5+dfsg1": the version, then a space or a '+'.
             if [[ $running_as == "$ENGINE_VERSION"[+\ ]*io.containerd.snapshotter.v1* ]]; then
+                bridge_up  # a stack brought up before the bridge had a fixed MAC gets one now
                 say "dockerd: already running (pid $pid)"
                 return 0
             fi
@@ -381,18 +401,13 @@ start_dockerd() {
         die "socket path $DOCKER_SOCK is longer than 100 bytes (unix sockets allow 108): clone the repo to a shorter path"
     [[ $DOCKER_EXEC == "$STACK"/* ]] ||
         say "dockerd: .stack/ path too long for containerd's sockets; exec-root is $DOCKER_EXEC"
-    local driver mtu
+    local driver
     driver=$(storage_driver)
     if [[ $driver == native ]]; then
         say "dockerd: WARNING: overlayfs cannot be mounted on the filesystem of $STACK; using the native"
         say "dockerd: snapshotter (every layer is a full copy: slow builds, large disk use)"
     fi
-    mtu=$(uplink_mtu)
-    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-        ip link add "$BRIDGE" type bridge
-        ip addr add "$BRIDGE_ADDR" dev "$BRIDGE"
-    fi
-    ip link set "$BRIDGE" mtu "$mtu" up
+    bridge_up
     mkdir -p "$DOCKER_DATA" "$DOCKER_EXEC"
     # containerd-namespace: when a system containerd runs at
     # /run/containerd/containerd.sock dockerd uses it instead of starting its own;
