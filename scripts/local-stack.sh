@@ -401,8 +401,9 @@ start_dockerd() {
         die "socket path $DOCKER_SOCK is longer than 100 bytes (unix sockets allow 108): clone the repo to a shorter path"
     [[ $DOCKER_EXEC == "$STACK"/* ]] ||
         say "dockerd: .stack/ path too long for containerd's sockets; exec-root is $DOCKER_EXEC"
-    local driver
+    local driver mtu
     driver=$(storage_driver)
+    mtu=$(uplink_mtu)
     if [[ $driver == native ]]; then
         say "dockerd: WARNING: overlayfs cannot be mounted on the filesystem of $STACK; using the native"
         say "dockerd: snapshotter (every layer is a full copy: slow builds, large disk use)"
