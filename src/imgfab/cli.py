@@ -77,16 +77,17 @@ def _exit_with(command: str, as_json: bool, code: int, message: str, field: str,
     sys.exit(code)
 
 
-def _driver_option(value: str | None, flag: str = "--driver") -> str | None:
+def _driver_option(value: str | None, matrix, flag: str = "--driver") -> str | None:
+    """The driver version ``value`` names (imgfab.matrix.drivers.read_host_driver): R580 is
+    the branch's newest release the matrix knows, said in a note on stderr."""
     if value is None:
         return None
-    from imgfab.recipe import driver_version_ok
+    from imgfab.matrix.drivers import read_host_driver
 
-    if not driver_version_ok(value):
-        why = " (it has surrounding space)" if value != value.strip() and driver_version_ok(value.strip()) else ""
-        raise RecipeError(f"{value!r} is not a driver version{why}", field=flag,
-                          fix="give the version nvidia-smi prints, e.g. 535.104.05 (or 570.86 on GeForce)") from None
-    return value
+    driver, note = read_host_driver(value, matrix, flag)
+    if note:
+        _say(f"imgfab: note: {note}", err=True)
+    return driver
 
 
 def _load(recipe_path: str, compat_dir: str | None, driver: str | None, weights: str | None = None):
@@ -96,6 +97,7 @@ def _load(recipe_path: str, compat_dir: str | None, driver: str | None, weights:
 
     recipe = load_recipe(recipe_path)
     matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    driver = _driver_option(driver, matrix)
     host = Host(driver=driver) if driver else None
     read = _weights_facts(weights) if weights else None
     return recipe, matrix, resolve(recipe, matrix, host, read, f"{weights}/config.json" if weights else "")
@@ -156,9 +158,9 @@ def resolve(recipe: str, driver: str | None, as_json: bool, weights: str | None,
     from imgfab.stack.resolve import Host, resolve as resolve_stack
 
     _json("resolve", as_json)
-    host_driver = _driver_option(driver)
     parsed = load_recipe(recipe)
     matrix = load_matrix(Path(compat_dir) if compat_dir else None)
+    host_driver = _driver_option(driver, matrix)
     read = _weights_facts(weights) if weights else None
     try:
         resolution = resolve_stack(parsed, matrix, Host(driver=host_driver) if host_driver else None,
@@ -211,7 +213,7 @@ def render(recipe: str, output: str | None, driver: str | None, force: bool,
     from imgfab.render.source import source_of
 
     _json("render", as_json)
-    parsed, matrix, resolution = _load(recipe, compat_dir, _driver_option(driver))
+    parsed, matrix, resolution = _load(recipe, compat_dir, driver)
     compat_path = Path(compat_dir) if compat_dir else None
     lock = committed_lock(recipe, parsed, resolution.stack, compat_path)
     if lock is None and not unlocked:
@@ -265,7 +267,8 @@ def matrix(gpu: str, driver: str, policy: str, precision: str, as_json: bool,
 
     _json("matrix", as_json)
     loaded = load_matrix(Path(compat_dir) if compat_dir else None)
-    rows = fits_host(loaded, gpu, _driver_option(driver) or driver, policy, precision)
+    driver = _driver_option(driver, loaded) or driver
+    rows = fits_host(loaded, gpu, driver, policy, precision)
     if as_json:
         _emit("matrix", host={"gpu": gpu, "driver": driver, "policy": policy, "precision": precision},
               stacks=[{"backend": r.backend, "version": r.version, "fits": f is not None,
@@ -376,12 +379,12 @@ def init(model: str | None, revision: str | None, gpu: str | None, driver: str |
         revision = _ask(revision, "--revision", "Pinned revision (40-hex commit)",
                         fix="copy the 40-hex commit from the model's 'Files and versions' history")
     gpu = _ask(gpu, "--gpu", "Target GPU", fix="e.g. --gpu H100-SXM (imgfab explain target.gpu)")
+    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
     driver = _driver_option(_ask(driver, "--driver", "Fleet's oldest driver",
-                                 fix="e.g. --driver 535.104.05 (what nvidia-smi prints)"))
+                                 fix="e.g. --driver 535.104.05 (what nvidia-smi prints)"), matrix)
     backend = _ask(backend, "--backend", "Backend", default="vllm", fix="vllm or tensorrt-llm")
     precision = _ask(precision, "--precision", "Precision", default="none",
                      fix="none, fp8, int8_sq, int4_awq or nvfp4")
-    matrix = load_matrix(Path(compat_dir) if compat_dir else None)
     known = matrix.host_gpu(gpu, field="--gpu")  # a matrix name, alias or nvidia-smi's name
     answers = StarterAnswers(model=model, revision=revision, gpu=known.name,
                              driver=driver or "", backend=backend, precision=precision,
@@ -539,8 +542,9 @@ def _host_gpu(driver: str | None, gpu: str | None):
     from imgfab.ops.host import read_this_host
     from imgfab.ops.select import host_gpu
 
-    return host_gpu(load_matrix(), lambda: read_this_host(load_nvml()),
-                    driver=_driver_option(driver), gpu=gpu)
+    matrix = load_matrix()
+    return host_gpu(matrix, lambda: read_this_host(load_nvml()),
+                    driver=_driver_option(driver, matrix), gpu=gpu)
 
 
 @cli.command("select")

@@ -14,6 +14,7 @@ import os
 import posixpath
 import re
 import stat
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -225,6 +226,18 @@ class TargetSpec(_Strict):
         if not _DRIVER_SPEC.fullmatch(value):
             space = " with no surrounding space" if _DRIVER_SPEC.fullmatch(value.strip()) else ""
             raise ValueError(f"must be a floor like '>=535.104.05'{space} (the oldest driver in the fleet)")
+        floor = read_driver_text(_DRIVER_SPEC.fullmatch(value).group(1))  # type: ignore[union-attr]
+        if floor.kind == "cuda":
+            raise ValueError(f"{value!r} names CUDA {floor.value} (nvidia-smi's 'CUDA Version'), not a "
+                             "driver: give the fleet's oldest driver as nvidia-smi prints it "
+                             "('Driver Version'), e.g. '>=580.65.06' (`imgfab resolve --driver "
+                             f"{floor.value}` says which driver CUDA {floor.value} needs)")
+        if floor.kind == "lone-branch":
+            raise ValueError(f"{value!r} is a driver branch alone, not a driver release: give the "
+                             "fleet's oldest driver as nvidia-smi prints it ('Driver Version'), "
+                             "e.g. '>=580.65.06'")
+        if floor.kind != "version":
+            raise ValueError(f"{value!r} is not a driver floor: {floor.value}")
         return value
 
     @model_validator(mode="after")
@@ -797,14 +810,60 @@ def recipe_fields() -> dict[str, dict[str, Any]]:
 
 # A driver version exactly as nvidia-smi prints it: 535.104.05 (data center, three parts) or
 # 570.86 (GeForce, two parts); no surrounding space, which would otherwise reach labels and locks.
-_DRIVER_VERSION = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){0,2}")
+# A leading v (v580.95.05, as release pages and tags write it) is read as the version itself.
+_DRIVER_VERSION = re.compile(r"[vV]?([0-9]{1,4}(\.[0-9]{1,4}){0,2})")
+# A driver branch as NVIDIA names one: R580 (the branch's newest release the matrix knows).
+_DRIVER_BRANCH = re.compile(r"[Rr]([0-9]{3,4})")
+# Every Linux driver NVIDIA has shipped for a CUDA that imgfab builds is R3xx or newer (CUDA 11.8
+# needs 520.61.05, compat/cuda.yaml); a number below that is something else pasted.
+_MIN_DRIVER_MAJOR = 300
+# CUDA majors nvidia-smi's header can print ("CUDA Version: 13.0") for the drivers of the matrix.
+_CUDA_MAJORS = range(10, 14)
+
+
+@dataclass(frozen=True)
+class DriverText:
+    """What a pasted driver string is, by its shape alone (no matrix).
+
+    ``kind``: ``version`` (``value`` is the version, a leading v dropped: ``v580.95.05`` →
+    ``580.95.05``), ``branch`` (``R580`` → ``580``), ``cuda`` (``13.0``: a CUDA version, major
+    10–13 with a minor, as nvidia-smi's header prints it), ``lone-branch`` (``580``: a branch
+    number without its R) or ``invalid`` (``value`` says why)."""
+
+    kind: str
+    value: str
+
+
+def read_driver_text(text: Any) -> DriverText:
+    """Classify ``text`` as :class:`DriverText`; never raises.
+
+    >>> read_driver_text("v580.95.05"), read_driver_text("13.0").kind, read_driver_text("580").kind
+    (DriverText(kind='version', value='580.95.05'), 'cuda', 'lone-branch')"""
+    if not isinstance(text, str):
+        return DriverText("invalid", "not a string")
+    branch = _DRIVER_BRANCH.fullmatch(text)
+    if branch:
+        return DriverText("branch", branch.group(1))
+    match = _DRIVER_VERSION.fullmatch(text)
+    if match is None:
+        return DriverText("invalid", "a driver version is numbers and dots, as nvidia-smi prints it")
+    version = match.group(1)
+    parts = version.split(".")
+    major = int(parts[0])
+    if len(parts) > 1 and major in _CUDA_MAJORS:
+        return DriverText("cuda", version)
+    if major < _MIN_DRIVER_MAJOR:
+        return DriverText("invalid", f"driver majors are {_MIN_DRIVER_MAJOR} or newer")
+    if len(parts) == 1:
+        return DriverText("lone-branch", version)
+    return DriverText("version", version)
 
 
 def driver_version_ok(text: str) -> bool:
-    """True if ``text`` is exactly a driver version (nothing around it)."""
-    return isinstance(text, str) and _DRIVER_VERSION.fullmatch(text) is not None
+    """True if ``text`` is exactly a driver version (nothing around it; a leading v allowed)."""
+    return read_driver_text(text).kind == "version"
 
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "parse_recipe", "recipe_hash",
            "recipe_json_schema", "recipe_fields", "alias_fix", "ALIASES", "PRESET_DEFAULTS",
-           "POLICIES"]
+           "POLICIES", "DriverText", "read_driver_text"]

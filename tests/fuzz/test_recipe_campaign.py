@@ -77,7 +77,7 @@ PLAUSIBLE = {
                                          "/opt/models", "/mnt/x.y"]),
     "model.id": st.sampled_from(["/weights/x", "Org/Name-1.5", "a/b"]),
     "target.count": st.integers(1, 8), "target.pipeline_parallel": st.integers(1, 4),
-    "target.driver": st.sampled_from([">=470.57.02", ">=535.104.05", ">=550", ">= 570.124.06",
+    "target.driver": st.sampled_from([">=470.57.02", ">=535.104.05", ">=550.54.15", ">= 570.124.06",
                                       ">=580.65.06"]),
     "target.driver_policy": st.sampled_from(["strict", "minor-compat"]),
     "target.gpu": st.sampled_from(["H100", "H100-SXM", "L40S", "L4", "A100-80GB", "H200", "B200"]),

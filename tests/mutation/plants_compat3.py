@@ -50,7 +50,7 @@ PLANTS = [
     dict(name="compat3: the forward-compat fix ignores the table", path="stack/fixes.py",
          old="    above = [b for b in listed if int(b) > int(branch)]", new="    above: list[str] = []", first=R3),
     dict(name="compat3: --driver with surrounding space accepted", path="recipe.py",
-         old="_DRIVER_VERSION.fullmatch(text) is not None", new="_DRIVER_VERSION.fullmatch(text.strip()) is not None",
+         old="    match = _DRIVER_VERSION.fullmatch(text)\n", new="    match = _DRIVER_VERSION.fullmatch(text.strip())\n",
          first=R3),
     dict(name="compat3: recipe driver with surrounding space accepted", path="recipe.py",
          old="        if not _DRIVER_SPEC.fullmatch(value):", new="        if not _DRIVER_SPEC.fullmatch(value.strip()):",
