@@ -156,6 +156,7 @@ _ORDER = [
     ("gpus.yaml", "gpus", lambda row: row["name"]),
     ("advisories.yaml", "advisories", lambda row: (row["package"], row["id"])),
     ("backends.yaml", "backends", lambda row: row["backend"]),
+    ("backends.yaml", "gpu_support", lambda row: row["backend"]),
     ("models.yaml", "models", lambda row: row["model"]),
     ("payload.yaml", "platforms", lambda row: row["os"]),
 ]

@@ -21,7 +21,7 @@ from imgfab.matrix.gpus import check_nvml_names, match_gpu, parse_nvml_names
 from imgfab.matrix.payloads import PayloadCheck, load_payload_checks
 # The record types and the YAML helpers live in imgfab.matrix.records; they are importable from
 # here as before.
-from imgfab.matrix.records import (Architecture, BackendProfile, BackendRelease, CudaImage, CudaRuntime,
+from imgfab.matrix.records import (Architecture, BackendGpuSupport, BackendProfile, BackendRelease, CudaImage, CudaRuntime,
                                    CudaToolkit, DriverBranch, Gpu, MinorCompat, NvmlName, OsRelease,
                                    PrecisionRule, Sourced, TensorRTRelease, TorchRelease, _opt, _read, _records, _sourced,
                                    _str, _tuple, _uploaded, validate_record)
@@ -51,6 +51,8 @@ class Matrix:
     advisories: list[Advisory] = field(default_factory=list)
     tensorrt: list[TensorRTRelease] = field(default_factory=list)  # compat/tensorrt.yaml
     payload_checks: list[PayloadCheck] = field(default_factory=list)  # compat/payloads.yaml
+    # backends.yaml gpu_support: backend → the oldest GPU it supports at all
+    gpu_support: dict[str, BackendGpuSupport] = field(default_factory=dict)
 
     def advisories_for(self, package: str, version: str) -> list[Advisory]:
         """The advisories whose affected range holds ``package`` ``version``, in file order."""
@@ -254,6 +256,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                 uploaded=_uploaded(row, where), **_sourced(row)))
             note(backend, version, row)
 
+    backends = _read(directory, "backends.yaml")
     profiles = {
         _str(row, "backend", "backends.yaml"): BackendProfile(
             backend=str(row["backend"]), runtime_flavor=_str(row, "runtime_flavor", "backends.yaml"),
@@ -264,12 +267,19 @@ def load_matrix(directory: Path | None = None) -> Matrix:
             reason=str(row.get("reason", "")),
             jit_toolchains=_jit_toolchains(row),
             multinode_requires=_tuple(row.get("multinode_requires")), **_sourced(row))
-        for row in _records(_read(directory, "backends.yaml"), "backends", "backends.yaml")
+        for row in _records(backends, "backends", "backends.yaml")
+    }
+    gpu_support = {
+        _str(row, "backend", "backends.yaml gpu_support"): BackendGpuSupport(
+            backend=str(row["backend"]),
+            min_compute_capability=_str(row, "min_compute_capability", "backends.yaml gpu_support"),
+            note=str(row.get("note", "")), **_sourced(row))
+        for row in _records(backends, "gpu_support", "backends.yaml", required=False)
     }
 
     for record in (*toolkits.values(), *minor_compat.values(), *images, *os_releases.values(),
                    *architectures.values(), *gpus, *(entry for gpu in gpus for entry in gpu.nvml_names),
-                   *precisions, *torch.values(), *releases, *profiles.values(),
+                   *precisions, *torch.values(), *releases, *profiles.values(), *gpu_support.values(),
                    *(jit for profile in profiles.values() for jit in profile.jit_toolchains)):
         validate_record(record)
     check_nvml_names(gpus)
@@ -277,7 +287,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     os_releases=os_releases, gpus=gpus, precisions=precisions, torch=torch,
                     releases=[], profiles=profiles, runtimes=runtimes,
                     driver_branches=driver_branches, architectures=architectures,
-                    unconfirmed=unconfirmed, tensorrt=load_tensorrt(directory))
+                    unconfirmed=unconfirmed, tensorrt=load_tensorrt(directory), gpu_support=gpu_support)
     matrix.advisories = load_advisories(directory)
     matrix.payload_checks = load_payload_checks(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
@@ -412,7 +422,7 @@ def tensorrt_pin(requirement: str, trtllm_version: str, cuda: str, releases: lis
     return max(fitting, key=Version)
 
 
-__all__ = ["Architecture", "BackendProfile", "BackendRelease", "CudaImage", "CudaRuntime", "CudaToolkit",
+__all__ = ["Architecture", "BackendGpuSupport", "BackendProfile", "BackendRelease", "CudaImage", "CudaRuntime", "CudaToolkit",
            "DriverBranch", "Gpu", "Matrix", "MinorCompat", "NvmlName", "OsRelease", "PrecisionRule", "Sourced",
            "TensorRTRelease", "TorchRelease", "compare_versions", "default_compat_dir", "load_matrix",
            "load_tensorrt", "tensorrt_pin", "validate_record"]

@@ -202,6 +202,16 @@ class BackendProfile(Sourced):
 
 
 @dataclass(frozen=True)
+class BackendGpuSupport(Sourced):
+    """The oldest GPU a backend supports at all (backends.yaml ``gpu_support``): a GPU whose
+    compute capability is below ``min_compute_capability`` is not a target of that backend."""
+
+    backend: str
+    min_compute_capability: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class DriverBranch(Sourced):
     """A datacenter driver branch and the CUDA majors it runs under forward compatibility."""
 
@@ -301,6 +311,7 @@ _FIELD_PATTERNS: dict[str, str] = {
     "payload_requirements": r"[a-z0-9][a-z0-9._-]{0,63}(\[[a-z0-9][a-z0-9,._-]{0,127}\])?",
     "python": rf"({_SPECIFIER})?", "torch": rf"({_SPECIFIER})?", "tensorrt": rf"({_SPECIFIER})?",
     "compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
+    "min_compute_capability": r"[0-9]{1,2}\.[0-9]{1,2}",
     "compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}",
     "native_compute_capabilities": r"[0-9]{1,2}\.[0-9]{1,2}", "last_driver_branch": r"([0-9]{3,4})?",
     "cuda_archs": r"[0-9]{1,2}\.[0-9]{1,2}[af]?", "python_versions": r"[0-9]\.[0-9]{1,2}",

@@ -24,17 +24,17 @@ _OS_ORDER = ("ubuntu24.04", "ubuntu22.04")
 
 
 # Order in which a candidate's failures are reported.
-_PRIORITY = ("version", "arch", "gpu-driver", "precision", "dtype", "kv-cache", "torch", "payload",
+_PRIORITY = ("version", "gpu", "arch", "gpu-driver", "precision", "dtype", "kv-cache", "torch", "payload",
              "driver", "python", "image", "advisory")
 # Constraints that hold for the release on every OS and image patch (no relaxation of OS,
 # policy or driver fixes them).
-RELEASE_CONSTRAINTS = ("arch", "torch", "precision", "dtype", "kv-cache")
+RELEASE_CONSTRAINTS = ("gpu", "arch", "torch", "precision", "dtype", "kv-cache")
 
 
 @dataclass(frozen=True)
 class Rejection:
     candidate: str
-    constraint: str  # version | arch | gpu-driver | precision | dtype | kv-cache | torch | payload | driver | python | image | advisory
+    constraint: str  # version | gpu | arch | gpu-driver | precision | dtype | kv-cache | torch | payload | driver | python | image | advisory
     reason: str
     fix: str = ""
 
@@ -160,6 +160,35 @@ def _passes(matrix: Matrix, release: BackendRelease, name: str, gpu: Gpu) -> boo
         supported=rule.supported).ok
 
 
+def nearest_supported_gpu(matrix: Matrix, gpu: Gpu, floor: str) -> Gpu | None:
+    """The GPU of the matrix nearest ``gpu`` among those of compute capability ``floor`` or
+    newer on x86_64 hosts (the only ones imgfab builds for): the lowest compute capability, then
+    the memory closest to ``gpu``'s, then the name. E.g. T4 (7.5, 16 GiB), floor 8.0 →
+    A100-40GB (8.0, 40 GiB) before A100-80GB. None when no GPU reaches the floor."""
+    fits = [g for g in matrix.gpus
+            if g.cpu_arch == "x86_64" and compare_versions(g.compute_capability, floor) >= 0]
+    return min(fits, default=None, key=lambda g: (parse_version(g.compute_capability),
+                                                   abs(g.memory_gib - gpu.memory_gib), g.name))
+
+
+def gpu_support_rejection(matrix: Matrix, release: BackendRelease, gpu: Gpu) -> Rejection | None:
+    """A ``gpu`` rejection when ``release``'s backend does not support ``gpu`` at all
+    (backends.yaml ``gpu_support``: its compute capability is below the backend's oldest
+    supported one), its fix naming the nearest GPU that is supported; else None."""
+    support = matrix.gpu_support.get(release.backend)
+    if support is None or compare_versions(gpu.compute_capability, support.min_compute_capability) >= 0:
+        return None
+    floor = support.min_compute_capability
+    nearest = nearest_supported_gpu(matrix, gpu, floor)
+    fix = (f"target.gpu: {nearest.name} (compute capability {nearest.compute_capability}, the nearest "
+           f"GPU {release.backend} supports)" if nearest else
+           f"target.gpu: a GPU of compute capability ≥ {floor}")
+    return Rejection(f"{release.backend} {release.version}", "gpu",
+                     f"{release.backend} does not support {gpu.name} ({gpu.architecture}, compute "
+                     f"capability {gpu.compute_capability}): its support starts at compute "
+                     f"capability {floor}", fix)
+
+
 def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: tuple[str, ...],
              driver: str, policy: str, os_names: tuple[str, ...]
              ) -> tuple[dict[str, Any] | None, list[Rejection]]:
@@ -174,6 +203,9 @@ def evaluate(matrix: Matrix, release: BackendRelease, *, gpu: Gpu, precisions: t
     profile = matrix.profiles[release.backend]
     uses_image_cuda = profile.runtime_flavor == "devel"
 
+    unsupported = gpu_support_rejection(matrix, release, gpu)
+    if unsupported is not None:
+        failures.append(unsupported)
     coverage = check_coverage(gpu.compute_capability,
                               list(payload_of(matrix, release, torch, None, False).libraries), gpu=gpu.name)
     if not coverage.ok:

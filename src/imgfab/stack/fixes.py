@@ -19,7 +19,7 @@ from imgfab.stack.candidates import (_DTYPE_PRECISION, _OS_ORDER, RELEASE_CONSTR
 
 
 def _field_for(constraint: str) -> str:
-    return {"version": "backend.version", "arch": "target.gpu", "precision": "engine.quantization",
+    return {"version": "backend.version", "gpu": "target.gpu", "arch": "target.gpu", "precision": "engine.quantization",
             "dtype": "engine.dtype", "kv-cache": "engine.kv_cache_dtype",
             "python": "image.os", "image": "image.os", "driver": "target.driver",
             "torch": "backend.version", "payload": "backend.version", "gpu-driver": "target.driver",
@@ -168,8 +168,32 @@ def _nearest_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu,
                     best = fix if best is None or fix < best else best
     if best is not None:
         return best.text
+    unsupported = next((f for _, failures in failures_by_release for f in failures
+                        if f.constraint == "gpu"), None)
+    if unsupported is not None:
+        return _unsupported_gpu_fix(recipe, matrix, gpu, unsupported)
     for _, failures in failures_by_release:
         for failure in failures:
             if failure.constraint in ("precision", "dtype", "kv-cache", "gpu-driver") and failure.fix:
                 return failure.fix
     return f"run `imgfab matrix --gpu {gpu.name} --driver {driver}` to see what fits this host"
+
+
+def _unsupported_gpu_fix(recipe: Recipe, matrix: Matrix, gpu: Gpu, unsupported: Rejection) -> str:
+    """The fix for a GPU the recipe's backend does not support at all: the nearest GPU it
+    supports (the rejection's own fix), or another backend whose newest release runs ``gpu``
+    with the recipe's precision or its lightest relaxation (bf16 → float16 on a T4)."""
+    for backend in sorted(set(matrix.profiles) - {recipe.backend.name}):
+        for release in matrix.backend_releases(backend):
+            for changes, precisions in _precision_variants(recipe, matrix, backend):
+                _, failures = evaluate(matrix, release, gpu=gpu, precisions=precisions, driver="9999",
+                                       policy=STRICT, os_names=_OS_ORDER)
+                if any(f.constraint in RELEASE_CONSTRAINTS for f in failures):
+                    continue
+                drop = [f for f, given in (("backend.version", recipe.backend.version),
+                                           ("backend.trtllm_path", recipe.backend.trtllm_path)) if given]
+                also = "".join(f" and {text}" for _, text in changes)
+                dropped = f", without {' and '.join(drop)}" if drop else ""
+                return (f"{unsupported.fix}; or backend.name: {backend}{also}{dropped} ({backend} "
+                        f"{release.version} runs {gpu.name})")
+    return unsupported.fix
