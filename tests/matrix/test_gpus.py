@@ -171,3 +171,35 @@ def test_malformed_nvml_names_are_matrix_errors(compat, entry):
     with pytest.raises(MatrixError) as caught:
         load_matrix(compat)
     assert "\n" not in caught.value.one_line()
+
+
+# --- reported_mib: the total the driver reports (issue 36) -------------------------------------
+
+def test_reported_totals_are_loaded_as_the_frozen_rows_give_them(frozen_matrix):
+    """Copied by hand from tests/fixtures/compat_frozen/gpus.yaml; L40 records none."""
+    got = {g.name: g.reported_mib for g in frozen_matrix.gpus}
+    assert (got["T4"], got["L4"], got["A10G"], got["L40S"], got["H200"]) == (15360, 23034, 23028, 46068, 143771)
+    assert got["L40"] == 0
+    assert frozen_matrix.gpu("L4").reported_mib_source.startswith("https://github.com/modal-labs/")
+
+
+def test_budget_is_the_reported_total_else_93_percent_of_nominal(frozen_matrix):
+    from imgfab.matrix.gpus import budget_mib
+    assert budget_mib(frozen_matrix.gpu("L4")) == 23034  # not 24 × 1024 = 24576
+    assert budget_mib(frozen_matrix.gpu("L40")) == 45711  # 48 × 1024 × 0.93 = 45711.36
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda g: g["L4"].pop("reported_mib_source"), "has no reported_mib_source"),
+    (lambda g: g["L4"].pop("reported_mib"), "reported_mib_source without reported_mib"),
+    (lambda g: g["L4"].update(reported_mib="23034 MiB"), "is not a whole number of MiB"),
+    (lambda g: g["L4"].update(reported_mib=0), "is not a whole number of MiB"),
+    (lambda g: g["L4"].update(reported_mib=23034 * 1024), "is not 85%-102% of memory_gib 24"),  # KiB
+    (lambda g: g["L4"].update(reported_mib=16384), "is not 85%-102% of memory_gib 24"),  # another GPU's
+])
+def test_malformed_reported_totals_are_matrix_errors(compat, change, says):
+    _edit_gpus(compat, change)
+    with pytest.raises(MatrixError) as caught:
+        load_matrix(compat)
+    assert caught.value.field == "compat/gpus.yaml" and says in caught.value.message
+    assert caught.value.message.startswith("gpu L4: ")

@@ -24,7 +24,8 @@ from model_facts import write_model_dir  # noqa: E402
 def _labels(recipe: str, **changes) -> dict[str, str]:
     """The image labels of example ``recipe`` with ``changes`` (section -> fields; None drops
     model.facts) applied, as `imgfab render` writes them on the frozen matrix (GPU memory from
-    tests/fixtures/compat_frozen/gpus.yaml: L4 24 GiB, H100-SXM 80 GiB)."""
+    tests/fixtures/compat_frozen/gpus.yaml: L4 24 GiB reporting 23034 MiB, H100-SXM 80 GiB
+reporting 81559 MiB; the fit counts the reported MiB: 23034 × 1048576 × 0.92 = 22.2 GB)."""
     from imgfab.matrix.compat import load_matrix
     from imgfab.recipe import parse_recipe
     from imgfab.render.context import render_context
@@ -52,7 +53,7 @@ def _weights(tmp_path: Path, name: str) -> Path:
 def test_the_image_s_own_model_fits(tmp_path):
     line = weights_fit(_labels("llama31-8b-l4"), _weights(tmp_path, "Llama-3.1-8B"))
     assert line.startswith("fits: 16.1 GB of weights + 2.1 GB of KV cache (16384 tokens)"), line
-    assert "1× L4 (24 GiB) at 0.92" in line
+    assert "1× L4 (24 GiB, 23034 MiB reported) at 0.92" in line
 
 
 def test_a_model_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
@@ -62,8 +63,8 @@ def test_a_model_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
         weights_fit(labels, _weights(tmp_path, "Llama-3.1-405B"))
     line = caught.value.one_line()
     assert line.startswith("--weights: meta-llama/Llama-3.1-8B-Instruct does not fit: needs "
-                           "811.7 GB of weights (405.9B parameters in bf16), 1× L4 (24 GiB) hold "
-                           "23.7 GB at 0.92"), line
+                           "811.7 GB of weights (405.9B parameters in bf16), 1× L4 (24 GiB, 23034 MiB "
+                           "reported) hold 22.2 GB at 0.92"), line
     assert "imgfab resolve RECIPE --weights DIR" in line and "\n" not in line
     assert caught.value.exit_code == 2
 

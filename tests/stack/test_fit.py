@@ -1,8 +1,9 @@
 """The fit check: published model sizes against GPU memory × tp × pp, heads that tp splits,
 max lengths within the model's positions, and fixes that really fit.
 
-GPU memory comes from the frozen matrix (tests/fixtures/compat_frozen/gpus.yaml): L4 24 GiB,
-H100-SXM 80 GiB."""
+GPU memory comes from the frozen matrix (tests/fixtures/compat_frozen/gpus.yaml), as the driver
+reports it (reported_mib): L4 23034 MiB = 24152899584 bytes, H100-SXM 81559 MiB = 85520809984
+bytes; the marketed 24 and 80 GiB are not what vLLM budgets."""
 
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ def test_405b_on_four_l4_is_refused_with_the_numbers_and_a_real_fix(frozen_matri
     with pytest.raises(CompatibilityError) as caught:
         resolve(parse_recipe(data), frozen_matrix)
     line = caught.value.one_line()
-    assert "needs 811.7 GB of weights (405.9B parameters in bf16), 4× L4 (24 GiB) hold 92.8 GB at 0.9" in line
+    # 4 × 24152899584 bytes × 0.9 = 86950438502 bytes = 87.0 GB (the marketed 24 GiB gave 92.8 GB)
+    assert ("needs 811.7 GB of weights (405.9B parameters in bf16), 4× L4 (24 GiB, 23034 MiB "
+            "reported) hold 87.0 GB at 0.9") in line
     assert caught.value.field == "target.count"
     fixed = _apply(data, caught.value.fix)
     stack = resolve(parse_recipe(fixed), frozen_matrix).stack
@@ -110,7 +113,50 @@ def test_7b_and_8b_fit_one_h100_with_the_numbers(frozen_matrix, name, weights):
     """bf16 weights: 8030261248, 7615616512 and 7248023552 parameters × 2 bytes."""
     stack = resolve(parse_recipe(_recipe(name)), frozen_matrix).stack
     assert stack.fit.startswith(f"fits: {weights} GB of weights + ")
-    assert "≤ 77.3 GB (1× H100-SXM (80 GiB) at 0.9)" in stack.fit
+    # 81559 MiB × 1048576 = 85520809984 bytes; × 0.9 = 76968728986 bytes = 77.0 GB
+    assert "≤ 77.0 GB (1× H100-SXM (80 GiB, 81559 MiB reported) at 0.9)" in stack.fit
+
+
+# Llama-3.1-8B in bf16 on one L4 at max length 49152 (issue 36, memory as reported):
+#   weights  8030261248 parameters × 2 bytes                    = 16060522496 bytes (16.1 GB)
+#   KV cache 32 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes   = 131072 bytes a token
+#            × 49152 tokens                                      =  6442450944 bytes (6.4 GB)
+#   need                                                         = 22502973440 bytes (22.5 GB)
+#   marketed 24 GiB = 25769803776 bytes × 0.9                    = 23192823398 bytes: it fitted
+#   reported 23034 MiB = 24152899584 bytes × 0.9                 = 21737609626 bytes (21.7 GB): no
+#   the KV cache left: (21737609626 - 16060522496) // 131072     = 43312 tokens; in steps of 256: 43264
+LONG_ON_L4 = 49152
+
+
+def test_a_recipe_that_fits_the_marketed_memory_but_not_the_reported_is_refused(frozen_matrix):
+    data = _recipe("Llama-3.1-8B", gpu="L4", max_len=LONG_ON_L4)
+    with pytest.raises(CompatibilityError) as caught:
+        resolve(parse_recipe(data), frozen_matrix)
+    assert caught.value.message.endswith(
+        "needs 16.1 GB of weights + 6.4 GB of KV cache (49152 tokens), 22.5 GB in all; "
+        "1× L4 (24 GiB, 23034 MiB reported) hold 21.7 GB at 0.9")
+    assert caught.value.field == "serve.max_model_len"
+    assert caught.value.fix.startswith("serve.max_model_len: 43264 (the KV cache holds 43312 tokens)")
+    assert resolve(parse_recipe(_apply(data, caught.value.fix)), frozen_matrix).stack.fit.startswith("fits")
+
+
+def test_the_refusal_is_exit_2_naming_the_field_and_the_fix(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe("Llama-3.1-8B", gpu="L4", max_len=LONG_ON_L4)))
+    done = subprocess.run([sys.executable, "-m", "imgfab.cli", "resolve", str(recipe), "--compat-dir",
+                           str(FROZEN_COMPAT)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("imgfab: serve.max_model_len: ")
+    assert "hold 21.7 GB at 0.9" in done.stderr and "serve.max_model_len: 43264" in done.stderr
+
+
+def test_a_gpu_without_a_reported_total_counts_93_percent_of_its_nominal_memory(frozen_matrix):
+    """L40 has no reported_mib in the frozen matrix: 48 × 1024 × 0.93 = 45711.36 → 45711 MiB
+    = 47931654144 bytes; × 0.9 = 43138488730 bytes = 43.1 GB."""
+    stack = resolve(parse_recipe(_recipe("Llama-3.1-8B", gpu="L40")), frozen_matrix).stack
+    assert "(1× L40 (48 GiB, 45711 MiB assumed, 93% of nominal) at 0.9)" in stack.fit
+    assert "≤ 43.1 GB " in stack.fit
 
 
 def test_kv_cache_that_does_not_fit_asks_for_a_shorter_length(frozen_matrix):

@@ -17,7 +17,7 @@ from typing import Any
 from imgfab.errors import CompatibilityError, MatrixError
 from imgfab.in_image.rules import compare_versions, major_minor, parse_version
 from imgfab.matrix.advisories import Advisory, load_advisories
-from imgfab.matrix.gpus import check_nvml_names, match_gpu, parse_nvml_names
+from imgfab.matrix.gpus import check_nvml_names, match_gpu, parse_nvml_names, parse_reported_mib
 from imgfab.matrix.payloads import PayloadCheck, load_payload_checks
 # The record types and the YAML helpers live in imgfab.matrix.records; they are importable from
 # here as before.
@@ -205,6 +205,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                 cpu_arch=str(row.get("cpu_arch") or "x86_64"),
                 datacenter=bool(row.get("datacenter", True)),
                 nvml_names=parse_nvml_names(row.get("nvml_names"), f"gpu {row.get('name')}"),
+                **parse_reported_mib(row, f"gpu {row.get('name')}"),
                 **_ceiling(architectures, row), **_sourced(row))
             for row in gpu_rows]
     for row in gpu_rows:

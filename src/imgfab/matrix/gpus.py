@@ -22,6 +22,12 @@ The matching rule:
 
 :func:`check_nvml_names` is the load-time data check: two GPUs may share a key only when their
 usable ranges do not overlap, so that memory always tells them apart.
+
+The memory a GPU has for serving is what the driver reports, not the marketed capacity: vLLM
+budgets ``total × gpu_memory_utilization`` of the total NVML reports (``v1/worker/utils.py``),
+and a 24 GiB L4 reports 23034 MiB. Each record gives that total as ``reported_mib`` with its
+``reported_mib_source`` where one was seen in public nvidia-smi/NVML output; :func:`budget_mib`
+is what the fit counts: ``reported_mib``, else :data:`FALLBACK_FRACTION` of ``memory_gib``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ from imgfab.matrix.records import Gpu, NvmlName
 
 # Reported total memory / nominal memory_gib, for the memory to belong to that GPU.
 USABLE_FRACTION = (0.85, 1.02)
+# Where no reported total is recorded, the fit counts this fraction of memory_gib: the lowest
+# ratio recorded in compat/gpus.yaml is the L4's, 23034 / (24 × 1024) = 0.9373 (GDDR6 with ECC
+# keeps 1/16 back, and the L4 6 MiB more), rounded down, so that an unrecorded GPU is never
+# counted with more memory than a recorded one of its kind reports.
+FALLBACK_FRACTION = 0.93
 
 _BRANDS = ("nvidia", "tesla")
 _SEPARATORS = re.compile(r"[\s_-]+")
@@ -77,6 +88,50 @@ def usable_range(gpu: Gpu) -> tuple[float, float]:
     """The GiB a host may report for ``gpu``: :data:`USABLE_FRACTION` of its nominal memory."""
     low, high = USABLE_FRACTION
     return gpu.memory_gib * low, gpu.memory_gib * high
+
+
+def budget_mib(gpu: Gpu) -> int:
+    """The MiB of one ``gpu`` that the fit counts: its ``reported_mib``, else
+    :data:`FALLBACK_FRACTION` of ``memory_gib``, rounded down.
+
+    >>> from imgfab.matrix.records import Gpu
+    >>> budget_mib(Gpu(name="L40", aliases=(), compute_capability="8.9", architecture="ada",
+    ...                memory_gib=48, source="s", confirmed=False))
+    45711
+    """
+    return gpu.reported_mib or int(gpu.memory_gib * 1024 * FALLBACK_FRACTION)
+
+
+def reported_text(gpu: Gpu) -> str:
+    """How a fit line names one GPU's memory: ``24 GiB, 23034 MiB reported`` (``… MiB
+    assumed`` where compat/gpus.yaml records no reported total)."""
+    how = "reported" if gpu.reported_mib else f"assumed, {FALLBACK_FRACTION:.0%} of nominal"
+    return f"{gpu.memory_gib:g} GiB, {budget_mib(gpu)} MiB {how}"
+
+
+def parse_reported_mib(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """``reported_mib`` and ``reported_mib_source`` of one gpus.yaml record, validated: a whole
+    number of MiB with a source, within :data:`USABLE_FRACTION` of ``memory_gib``."""
+    value, source = row.get("reported_mib"), row.get("reported_mib_source")
+    if value is None:
+        if source:
+            raise MatrixError(f"{where}: reported_mib_source without reported_mib",
+                              field="compat/gpus.yaml", fix="give the MiB the source shows")
+        return {}
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise MatrixError(f"{where}: reported_mib {value!r} is not a whole number of MiB",
+                          field="compat/gpus.yaml", fix="give memory.total as nvidia-smi prints it, in MiB")
+    if not source:
+        raise MatrixError(f"{where}: reported_mib {value} has no reported_mib_source",
+                          field="compat/gpus.yaml",
+                          fix="cite the nvidia-smi or NVML output it was read from, or leave it out")
+    nominal = float(row.get("memory_gib") or 0) * 1024
+    low, high = USABLE_FRACTION
+    if not nominal * low <= value <= nominal * high:
+        raise MatrixError(f"{where}: reported_mib {value} is not {low:.0%}-{high:.0%} of memory_gib "
+                          f"{row.get('memory_gib')}", field="compat/gpus.yaml",
+                          fix="check both numbers: a GPU reports slightly less than its nominal memory")
+    return {"reported_mib": value, "reported_mib_source": str(source)}
 
 
 def parse_nvml_names(value: Any, where: str) -> tuple[NvmlName, ...]:

@@ -96,6 +96,10 @@ class Gpu(Sourced):
     cpu_arch: str = "x86_64"  # hosts this GPU comes in (GH200/GB200/GB300: aarch64 superchips)
     datacenter: bool = True  # forward compatibility is supported on datacenter GPUs only
     nvml_names: tuple[NvmlName, ...] = ()  # product names as NVML / nvidia-smi print them
+    # The total memory NVML / nvidia-smi report for this GPU, in MiB (0 = none recorded: the fit
+    # then counts matrix.gpus.FALLBACK_FRACTION of memory_gib), and where it was seen.
+    reported_mib: int = 0
+    reported_mib_source: str = ""
     # NVIDIA's last driver branch for this GPU's architecture ("" = none announced), from
     # gpus.yaml architectures: a host on a newer branch cannot drive it (Volta: R580).
     last_driver_branch: str = ""

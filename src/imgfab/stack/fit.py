@@ -4,7 +4,9 @@
 weights are at hand (``imgfab resolve --weights DIR``), those read from them, and raises
 :class:`~imgfab.errors.CompatibilityError` with the numbers and the smallest recipe change that
 fits when the max length is above the model's positions, tp does not split the heads, or the
-weights plus the KV cache do not fit ``gpu_memory_utilization`` × GPU memory × tp × pp. The
+weights plus the KV cache do not fit ``gpu_memory_utilization`` × GPU memory × tp × pp. GPU
+memory is what the driver reports (compat/gpus.yaml ``reported_mib``,
+:func:`imgfab.matrix.gpus.budget_mib`), as vLLM budgets it, not the marketed ``memory_gib``. The
 arithmetic is :mod:`imgfab.in_image.fit`, the probe's own. Pure: no I/O.
 """
 
@@ -17,6 +19,7 @@ from imgfab.in_image.fit import (FACT_NAMES, ModelFacts, Need, Serving, capacity
                                  heads_problem, memory_problem, need_of, positions_problem, resident,
                                  tensor_parallel_sizes)
 from imgfab.matrix.compat import Gpu, Matrix
+from imgfab.matrix.gpus import budget_mib, reported_text
 from imgfab.recipe import Recipe
 
 # GPUs one node holds (HGX/DGX boards and the clouds' largest GPU instances: 8): tensor
@@ -67,13 +70,14 @@ def merge_facts(recipe: Recipe, read: ModelFacts | None, where: str) -> ModelFac
 
 
 def describe_gpus(gpu: Gpu, count: int) -> str:
-    """How a fit line names the GPUs: ``8× H100-SXM (80 GiB)``."""
-    return f"{count}× {gpu.name} ({gpu.memory_gib:g} GiB)"
+    """How a fit line names the GPUs: ``8× H100-SXM (80 GiB, 81559 MiB reported)``."""
+    return f"{count}× {gpu.name} ({reported_text(gpu)})"
 
 
 def gpu_memory_bytes(gpu: Gpu) -> float:
-    """One GPU's memory as the fit counts it: compat/gpus.yaml's ``memory_gib``."""
-    return gpu.memory_gib * 2**30
+    """One GPU's memory as the fit counts it: the total the driver reports
+    (:func:`imgfab.matrix.gpus.budget_mib`), in bytes."""
+    return budget_mib(gpu) * 2**20
 
 
 def _fits(facts: ModelFacts, serving: Serving, gpu: Gpu) -> bool:
@@ -102,10 +106,10 @@ def _more_gpus(facts: ModelFacts, serving: Serving, gpu: Gpu) -> str:
 
 def _bigger_gpu(facts: ModelFacts, serving: Serving, gpu: Gpu, matrix: Matrix) -> str:
     """The matrix GPU with the least memory above ``gpu``'s on which the recipe fits as it is."""
-    for other in sorted(matrix.gpus, key=lambda g: (g.memory_gib, g.name)):
-        if other.memory_gib > gpu.memory_gib and other.cpu_arch == "x86_64" \
+    for other in sorted(matrix.gpus, key=lambda g: (budget_mib(g), g.name)):
+        if budget_mib(other) > budget_mib(gpu) and other.cpu_arch == "x86_64" \
                 and _fits(facts, serving, other):
-            return f"target.gpu: {other.name} ({other.memory_gib:g} GiB)"
+            return f"target.gpu: {other.name} ({reported_text(other)})"
     return ""
 
 
