@@ -160,7 +160,7 @@ def test_validate_also_resolves(tmp_path):
     ("awq", "write quantization: int4_awq"),
     ("AWQ", "write quantization: int4_awq"),
     ("GPTQ", "write quantization: gptq"),
-    ("int8", "write quantization: int8_sq"),
+    ("smoothquant", "write quantization: int8_sq"),
 ])
 def test_aliases_are_answered_with_the_exact_value(tmp_path, typed, fix):
     data = yaml.safe_load(LOCKED.read_text())

@@ -507,7 +507,7 @@ def list_recipes(directory: str, as_json: bool, compat_dir: str | None) -> None:
 def explain(field: str | None, as_json: bool) -> None:
     """Explain a recipe FIELD (e.g. engine.quantization): what it means, its type, default,
     choices and examples. Without FIELD: every field, one line each."""
-    from imgfab.recipe import ALIASES, recipe_fields
+    from imgfab.recipe import ALIASES, AMBIGUOUS_ALIASES, recipe_fields
 
     _json("explain", as_json)
     fields = recipe_fields()
@@ -533,6 +533,9 @@ def explain(field: str | None, as_json: bool) -> None:
             _say(f"  {key}: {json.dumps(info[key], ensure_ascii=False)}")
     for typed, (exact, meaning) in sorted(ALIASES.get(field, {}).items()):
         _say(f"  {typed!r} is written {exact} ({meaning})" if exact else f"  {typed!r}: {meaning}")
+    for typed, choices in sorted(AMBIGUOUS_ALIASES.get(field, {}).items()):
+        _say(f"  {typed!r} is ambiguous, refused: " + " or ".join(f"{exact} ({meaning})"
+                                                                 for exact, meaning in choices))
 
 
 def _host_gpu(driver: str | None, gpu: str | None):

@@ -337,9 +337,11 @@ class EngineSpec(_Strict):
         "auto", description="Activation and unquantized weight dtype (auto: the checkpoint's)",
         examples=["bfloat16"])
     quantization: Quantization = Field(
-        Quantization.NONE, description="Weight (and activation) quantization: fp8 (W8A8, "
-                                       "compute capability ≥ 8.9), int8_sq (SmoothQuant), "
-                                       "int4_awq (AWQ, what users call awq), nvfp4 (Blackwell)",
+        Quantization.NONE, description="Weight (and activation) quantization: fp8 (W8A8 FP8, "
+                                       "compute capability ≥ 8.9), int8_sq (W8A8 INT8, "
+                                       "SmoothQuant), int4_awq (W4A16 AWQ, what users call awq), "
+                                       "gptq (a GPTQ checkpoint, W4A16 or W8A16), nvfp4 (W4A4 "
+                                       "FP4, Blackwell)",
         examples=["fp8", "int4_awq"])
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto", description="KV cache dtype (fp8 halves its memory; auto: the model dtype)",
@@ -587,15 +589,13 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 # labels say what the file says.
 ALIASES: dict[str, dict[str, tuple[str | None, str]]] = {
     "engine.quantization": {
-        "awq": ("int4_awq", "AWQ 4-bit weights"), "int4": ("int4_awq", "AWQ 4-bit weights"),
-        "w4a16": ("int4_awq", "AWQ 4-bit weights, 16-bit activations"),
+        "awq": ("int4_awq", "AWQ 4-bit weights"),
         "int4-awq": ("int4_awq", "AWQ 4-bit weights"), "awq_int4": ("int4_awq", "AWQ 4-bit weights"),
         "gptq": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
         "gptq-int4": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
         "gptq_int4": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
         "autogptq": ("gptq", "a GPTQ checkpoint: vLLM reads its bits from the checkpoint"),
-        "int8": ("int8_sq", "SmoothQuant W8A8"), "w8a8": ("int8_sq", "SmoothQuant W8A8"),
-        "smoothquant": ("int8_sq", "SmoothQuant W8A8"), "fp4": ("nvfp4", "NVIDIA FP4"),
+        "smoothquant": ("int8_sq", "SmoothQuant W8A8"),
         "fp8_e4m3": ("fp8", "FP8 E4M3"), "bf16": ("none", "no quantization: dtype bfloat16"),
         "fp16": ("none", "no quantization: dtype float16"),
     },
@@ -607,16 +607,64 @@ ALIASES: dict[str, dict[str, tuple[str | None, str]]] = {
                      "trt-llm": ("tensorrt-llm", "TensorRT-LLM")},
 }
 
+# Values users type that name more than one quantization, each with every value it may mean
+# (sorted): refused with the choices, never answered with one of them, since the checkpoint
+# decides. W8A8 is FP8 as much as INT8; W4A16 and int4 are GPTQ as much as AWQ; int8 is a
+# W8A16 GPTQ checkpoint as much as SmoothQuant; fp4 is MXFP4 (gpt-oss) as much as NVFP4.
+_W8A8_FP8 = ("fp8", "FP8 weights and activations")
+_W8A8_INT8 = ("int8_sq", "INT8 weights and activations, SmoothQuant")
+_GPTQ = ("gptq", "a GPTQ checkpoint, 4- or 8-bit weights")
+_AWQ = ("int4_awq", "AWQ 4-bit weights")
+AMBIGUOUS_ALIASES: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "engine.quantization": {
+        "fp4": (("mxfp4", "OCP MX FP4, as gpt-oss ships: not an engine.quantization imgfab "
+                          "serves yet"),
+                ("nvfp4", "NVIDIA FP4, Blackwell")),
+        "int4": (_GPTQ, _AWQ),
+        "int8": (_GPTQ, _W8A8_INT8),
+        "w4a16": (_GPTQ, _AWQ),
+        "w8a8": (_W8A8_FP8, _W8A8_INT8),
+    },
+}
+
+
+def alias_choices(field: str, value: Any) -> tuple[str, ...]:
+    """The exact values ``value`` may stand for in ``field``: one for an alias (``awq`` →
+    ``("int4_awq",)``), several for an ambiguous one (``w8a8`` → ``("fp8", "int8_sq")``),
+    none for anything else."""
+    if not isinstance(value, str):
+        return ()
+    typed = value.strip().lower()
+    ambiguous = AMBIGUOUS_ALIASES.get(field, {}).get(typed)
+    if ambiguous:
+        return tuple(exact for exact, _ in ambiguous)
+    exact = ALIASES.get(field, {}).get(typed, (None, ""))[0]
+    return (exact,) if exact else ()
+
+
+def ambiguous_alias(field: str, value: Any) -> str | None:
+    """The refusal of a value that names more than one choice (``w8a8 is ambiguous: fp8 or
+    int8_sq``); None for any other value."""
+    choices = alias_choices(field, value)
+    if len(choices) < 2:
+        return None
+    return f"{value.strip()} is ambiguous: {' or '.join(choices)}"
+
 
 def alias_fix(field: str, value: Any) -> str | None:
-    """The fix for a value users type under another spelling (``awq`` → ``int4_awq``)."""
+    """The fix for a value users type under another spelling (``awq`` → ``int4_awq``), or
+    for one that names several (each choice with its meaning)."""
     if not isinstance(value, str):
         return None
+    short = field.rsplit(".", 1)[-1]
+    ambiguous = AMBIGUOUS_ALIASES.get(field, {}).get(value.strip().lower())
+    if ambiguous:
+        return "write the one the checkpoint is: " + "; ".join(
+            f"{short}: {exact} ({meaning})" for exact, meaning in ambiguous)
     known = ALIASES.get(field, {}).get(value.strip().lower())
     if known is None:
         return None
     exact, meaning = known
-    short = field.rsplit(".", 1)[1]
     return f"write {short}: {exact} ({meaning})" if exact else meaning
 
 
@@ -652,6 +700,7 @@ def parse_recipe(data: Any, *, source: str = "recipe") -> Recipe:
         problems = []
         for err in exc.errors(include_url=False):
             field, message = _error_line(err)
+            message = ambiguous_alias(field, err.get("input")) or message
             problems.append((field, message, alias_fix(field, err.get("input"))))
         field, message, fix = problems[0]
         # Every failing field, each by name: the first is the error's, the others follow it.
@@ -865,5 +914,6 @@ def driver_version_ok(text: str) -> bool:
 
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "parse_recipe", "recipe_hash",
-           "recipe_json_schema", "recipe_fields", "alias_fix", "ALIASES", "PRESET_DEFAULTS",
+           "recipe_json_schema", "recipe_fields", "alias_fix", "alias_choices", "ambiguous_alias",
+           "ALIASES", "AMBIGUOUS_ALIASES", "PRESET_DEFAULTS",
            "POLICIES", "DriverText", "read_driver_text"]

@@ -26,7 +26,7 @@ from packaging.version import Version
 
 from imgfab.matrix.compat import BackendRelease, CudaToolkit, Gpu, Matrix
 from imgfab.errors import CompatibilityError, RecipeError
-from imgfab.recipe import Recipe
+from imgfab.recipe import Recipe, alias_choices, ambiguous_alias
 from imgfab.in_image.rules import (FORWARD_COMPAT, MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT,
                                    compare_versions, nvidia_require_cuda, parse_version)
 from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
@@ -397,12 +397,32 @@ def _payload_toolchain(plan: Any, torch_row: Any, release: BackendRelease) -> tu
     return tuple(sorted(f"{req}=={torch_row.cuda_runtime}" for req in plan.payload_requirements))
 
 
+def _refuse_unknown_precision(matrix: Matrix, precision: str) -> None:
+    """RecipeError (field ``--precision``) unless ``precision`` is auto, none or a precision
+    compat/precisions.yaml rules on: an unknown one would check nothing, and an ambiguous
+    alias (``w8a8``) is refused with its choices, as engine.quantization refuses it."""
+    known = {rule.precision for rule in matrix.precisions} | {"auto", "none"}
+    if precision in known:
+        return
+    ambiguous = ambiguous_alias("engine.quantization", precision)
+    if ambiguous:
+        choices = [f"--precision {c}" if c in known else f"{c} (not a precision imgfab checks yet)"
+                   for c in alias_choices("engine.quantization", precision)]
+        raise RecipeError(ambiguous, field="--precision",
+                          fix=f"name the one the checkpoint is: {' or '.join(choices)}")
+    exact = alias_choices("engine.quantization", precision)
+    raise RecipeError(f"unknown precision {precision!r}", field="--precision",
+                      fix=f"write --precision {exact[0]}" if exact else
+                      f"one of {', '.join(sorted(known))}")
+
+
 def fits_host(matrix: Matrix, gpu_name: str, driver: str, policy: str = STRICT,
               precision: str = "auto") -> list[tuple[BackendRelease, dict[str, Any] | None, list[Rejection]]]:
     """For `imgfab matrix`: every release of every backend evaluated on one host. ``gpu_name``
     is a matrix name or alias, or the name nvidia-smi prints (:meth:`Matrix.host_gpu`)."""
     gpu = matrix.host_gpu(gpu_name, field="--gpu")
     refuse_cpu_arch(gpu, "--gpu")
+    _refuse_unknown_precision(matrix, precision)
     out = []
     for backend in sorted(matrix.profiles):
         for release in matrix.backend_releases(backend):
