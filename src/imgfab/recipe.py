@@ -223,10 +223,11 @@ class TargetSpec(_Strict):
     @field_validator("driver")
     @classmethod
     def _driver(cls, value: str) -> str:
-        if not _DRIVER_SPEC.fullmatch(value):
+        match = _DRIVER_SPEC.fullmatch(value)
+        if not match:
             space = " with no surrounding space" if _DRIVER_SPEC.fullmatch(value.strip()) else ""
             raise ValueError(f"must be a floor like '>=535.104.05'{space} (the oldest driver in the fleet)")
-        floor = read_driver_text(_DRIVER_SPEC.fullmatch(value).group(1))  # type: ignore[union-attr]
+        floor = read_driver_text(match.group(1))
         if floor.kind == "cuda":
             raise ValueError(f"{value!r} names CUDA {floor.value} (nvidia-smi's 'CUDA Version'), not a "
                              "driver: give the fleet's oldest driver as nvidia-smi prints it "
@@ -628,17 +629,21 @@ AMBIGUOUS_ALIASES: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
 }
 
 
+def _ambiguous(field: str, value: str) -> tuple[tuple[str, str], ...]:
+    """The (value, meaning) choices of ``value`` when it is an ambiguous alias in ``field``."""
+    return AMBIGUOUS_ALIASES.get(field, {}).get(value.strip().lower(), ())
+
+
 def alias_choices(field: str, value: Any) -> tuple[str, ...]:
     """The exact values ``value`` may stand for in ``field``: one for an alias (``awq`` →
     ``("int4_awq",)``), several for an ambiguous one (``w8a8`` → ``("fp8", "int8_sq")``),
     none for anything else."""
     if not isinstance(value, str):
         return ()
-    typed = value.strip().lower()
-    ambiguous = AMBIGUOUS_ALIASES.get(field, {}).get(typed)
+    ambiguous = _ambiguous(field, value)
     if ambiguous:
         return tuple(exact for exact, _ in ambiguous)
-    exact = ALIASES.get(field, {}).get(typed, (None, ""))[0]
+    exact = ALIASES.get(field, {}).get(value.strip().lower(), (None, ""))[0]
     return (exact,) if exact else ()
 
 
@@ -657,7 +662,7 @@ def alias_fix(field: str, value: Any) -> str | None:
     if not isinstance(value, str):
         return None
     short = field.rsplit(".", 1)[-1]
-    ambiguous = AMBIGUOUS_ALIASES.get(field, {}).get(value.strip().lower())
+    ambiguous = _ambiguous(field, value)
     if ambiguous:
         return "write the one the checkpoint is: " + "; ".join(
             f"{short}: {exact} ({meaning})" for exact, meaning in ambiguous)

@@ -53,6 +53,6 @@ PLANTS = [
          old="    match = _DRIVER_VERSION.fullmatch(text)\n", new="    match = _DRIVER_VERSION.fullmatch(text.strip())\n",
          first=R3),
     dict(name="compat3: recipe driver with surrounding space accepted", path="recipe.py",
-         old="        if not _DRIVER_SPEC.fullmatch(value):", new="        if not _DRIVER_SPEC.fullmatch(value.strip()):",
+         old="        match = _DRIVER_SPEC.fullmatch(value)\n", new="        match = _DRIVER_SPEC.fullmatch(value.strip())\n",
          first=R3),
 ]

@@ -15,11 +15,14 @@ from imgfab.recipe import read_driver_text
 _FIX = "give the driver version nvidia-smi prints ('Driver Version', e.g. 580.95.05; 570.86 on GeForce)"
 
 
+def _releases(matrix: Matrix) -> set[str]:
+    """Every driver release the matrix records (the toolkits' Linux drivers)."""
+    return {t.min_driver for t in matrix.toolkits.values() if t.min_driver and "." in t.min_driver}
+
+
 def branch_releases(matrix: Matrix, branch: str) -> list[str]:
     """The driver releases of ``branch`` ("580") the matrix records, oldest first (each once)."""
-    found = {t.min_driver for t in matrix.toolkits.values()
-             if t.min_driver and "." in t.min_driver and t.min_driver.split(".")[0] == branch}
-    return sorted(found, key=parse_version)
+    return sorted((r for r in _releases(matrix) if r.split(".")[0] == branch), key=parse_version)
 
 
 def cuda_toolkit(matrix: Matrix, cuda: str) -> CudaToolkit | None:
@@ -45,8 +48,7 @@ def read_host_driver(text: str, matrix: Matrix, field: str = "--driver") -> tupl
     if read.kind == "branch":
         releases = branch_releases(matrix, read.value)
         if not releases:
-            known = sorted({t.min_driver.split(".")[0] for t in matrix.toolkits.values()
-                            if t.min_driver and "." in t.min_driver}, key=int)
+            known = sorted({r.split(".")[0] for r in _releases(matrix)}, key=int)
             raise RecipeError(f"no R{read.value} release is known to the matrix (compat/cuda.yaml "
                               f"records releases of {', '.join('R' + b for b in known)})",
                               field=field, fix=_FIX)
