@@ -72,8 +72,9 @@ def _target_station(module: str) -> str | None:
 # The image's own payload, which the probe imports guarded (a missing one is reported as a
 # check it could not run): NVML for the driver and GPUs, torch for the CUDA matmul.
 # The image's own payload, imported guarded where a check or role needs it: NVML, torch, and
-# ray (vLLM's, on a multi-node leader only: in_image/cluster.py).
-IMAGE_PAYLOAD = {"pynvml", "ray", "torch"}
+# ray (vLLM's, on a multi-node leader only: in_image/cluster.py), and triton (the builder's
+# kernels stage compiles its launchers with it: in_image/kernels.py --triton).
+IMAGE_PAYLOAD = {"pynvml", "ray", "torch", "triton"}
 
 
 @pytest.mark.parametrize("path", [p for p in _modules() if _station(p) == "in_image"],

@@ -692,6 +692,8 @@ def _publish():
               help="host: no port publishing (engines without a bridge network).")
 @click.option("--cache-volume", help="JIT cache volume run.sh and compose share (default: a fresh one, removed after).")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds to wait for health, per shape.")
+@click.option("--log-dir", type=click.Path(file_okay=False),
+              help="Write each shape's whole container log there (SHAPE.log), passed or not.")
 @click.option("--no-memlock", is_flag=True,
               help="Keep the engine's memlock ulimit (for engines that cannot raise it, e.g. nested in a container).")
 @click.option("--pull/--no-pull", default=True, show_default=True,
@@ -701,8 +703,8 @@ def _publish():
 def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: str | None,
           shape_names: tuple[str, ...], gpus: str, devices: tuple[str, ...],
           extra_mounts: tuple[str, ...], extra_env: tuple[str, ...], network: str,
-          cache_volume: str | None, timeout_s: float, no_memlock: bool, pull: bool, quiet: bool,
-          as_json: bool) -> None:
+          cache_volume: str | None, timeout_s: float, log_dir: str | None, no_memlock: bool, pull: bool,
+          quiet: bool, as_json: bool) -> None:
     """Start IMAGE in each run shape with its recipe's settings, wait for health, check that every
     route it lists refuses a request without the API key (but GET /health), ask /v1/models,
     /v1/completions and /v1/chat/completions (streamed), and report each shape."""
@@ -727,7 +729,8 @@ def smoke(image: str, weights: str | None, synthetic_model: bool, architecture: 
             gpus=None if gpus == "none" else gpus, devices=devices,
             mounts=[_mount_option(m) for m in extra_mounts], env=env,
             network=None if network == "bridge" else network, cache_volume=cache_volume,
-            timeout_s=timeout_s, memlock=not no_memlock, pull=pull, progress=progress)
+            timeout_s=timeout_s, memlock=not no_memlock, pull=pull, progress=progress,
+            log_dir=Path(log_dir) if log_dir else None)
     if as_json:
         fields = json.loads(report.to_json())
         if not report.passed:

@@ -5,6 +5,7 @@
 #   tests/gpu/proof.sh piece FILE...  # keep payload pieces in /tmp/imgfab-pieces
 #   tests/gpu/proof.sh shape SHAPE    # (first call: assemble the payload) smoke one run shape
 #                                     # (runsh|compose|k8s; nocc: run.sh with no C compiler in the image)
+#   tests/gpu/proof.sh startup PHASE  # bench/startup.py: capture, starts, seeded, shapes (a call each)
 #   tests/gpu/proof.sh select         # (after a shape built the stand-in) select with no --gpu
 # Results go to $OUT (the device tool's folder), one JSON per step.
 set -euo pipefail
@@ -35,7 +36,7 @@ piece)
     cp "$@" "$PIECES"/
     find "$PIECES" -type f | wc -l
     ;;
-shape)
+shape|startup)
     for _ in $(seq 300); do [ -f "$STATE/base.rc" ] && break; sleep 1; done
     cat "$STATE/base.log"
     [ "$(cat "$STATE/base.rc" 2>/dev/null)" = 0 ] || { echo "proof: the stand-in base failed" >&2; exit 1; }
@@ -44,12 +45,24 @@ shape)
         tests/gpu/standin.sh payload "$PIECES"/payload.tar.xz.* | tee "$OUT/payload.txt"
         touch "$STATE/payload.done"
     fi
-    mkdir -p /tmp/imgfab-hostsite
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/imgfab-hostsite .gpu/hostwheels/*.whl
+    if [ ! -f /tmp/imgfab-hostsite/.done ]; then
+        mkdir -p /tmp/imgfab-hostsite
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/imgfab-hostsite .gpu/hostwheels/*.whl
+        touch /tmp/imgfab-hostsite/.done
+    fi
     eval "$(tests/gpu/standin.sh env)"
     # imgfab itself runs on the host with the payload's pydantic and this docker SDK
     export PYTHONPATH=/tmp/imgfab-hostsite:/opt/venv/lib/python3.12/site-packages
     export IMGFAB_GPU_PROOF_OUT="$OUT" PYTHONUNBUFFERED=1
+    if [ "$1" = startup ]; then
+        # bench/startup.py, one phase per call (capture, starts, seeded, shapes: 10 minutes each at most)
+        keep=/tmp/imgfab-startup-out
+        status=0
+        python3 bench/startup.py --out "$keep" --phase "$2" 2>&1 | tee "$OUT/startup-$2.log" | tail -n 60 || status=$?
+        cp "$keep"/*.json "$OUT"/ 2>/dev/null || true
+        tar -C "$keep" -cJf "$OUT/logs-$2.tar.xz" --exclude='*.json' . || true
+        exit "$status"
+    fi
     selection="$2"
     [ "$2" = runsh ] && selection="standin_dockerfile or runsh"
     [ "$2" = nocc ] && selection="no_c_compiler"

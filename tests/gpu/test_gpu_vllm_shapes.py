@@ -126,8 +126,11 @@ def standin_kernels(dockerfile: str, context: Path, base: str, env: dict[str, st
     run = stage[stage.index("\nRUN ") + 5:].rstrip()
     # One compile per lease: each proof step is its own pytest process, and the same stage and
     # script give the same kernels (kept under the stand-in's state directory).
-    key = hashlib.sha256((run + (context / "imgfab-kernels.py").read_text()).encode()).hexdigest()[:16]
-    kept = Path(os.environ.get("IMGFAB_STANDIN", "/tmp/imgfab-standin")) / f"kernels-{key}"
+    launchers = context / "imgfab-triton-launchers.json"
+    key = hashlib.sha256((run + (context / "imgfab-kernels.py").read_text()
+                          + (launchers.read_text() if launchers.is_file() else "")).encode()).hexdigest()[:16]
+    state = Path(os.environ.get("IMGFAB_STANDIN", "/tmp/imgfab-standin"))
+    kept = state / f"kernels-{key}"
     if (kept / "record.json").is_file():
         shutil.copytree(kept / "kernels", context / "kernels", symlinks=True)
         return {**json.loads((kept / "record.json").read_text()), "reused": str(kept)}
@@ -136,7 +139,12 @@ def standin_kernels(dockerfile: str, context: Path, base: str, env: dict[str, st
     subprocess.run(["cp", "-al", "/opt/venv", str(work)], check=True)
     argv = ["docker", "run", "--rm", "--network", "none", "--user", "0",
             "-v", f"{work}:/opt/venv", "-v", f"{context / 'imgfab-kernels.py'}:/opt/imgfab/imgfab-kernels.py:ro",
-            "-v", f"{context / 'kernels'}:/opt/imgfab/layers/kernels"]
+            "-v", f"{context / 'kernels'}:/opt/imgfab/layers/kernels",
+            # FlashInfer's build tree, kept: a second run (other launchers) recompiles nothing
+            "-v", f"{state / 'flashinfer-workspace'}:/tmp/imgfab-kernels"]
+    if launchers.is_file():
+        argv[-2:-2] = ["-v", f"{launchers}:/opt/imgfab/imgfab-triton-launchers.json:ro"]
+    (state / "flashinfer-workspace").mkdir(parents=True, exist_ok=True)
     argv += [a for m in _mounts() for a in ("-v", m)]
     argv += ["--entrypoint", "/bin/bash", base, "-c", run]
     started = time.monotonic()
@@ -161,12 +169,16 @@ def _env() -> dict[str, str]:
         p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p))
 
 
-@pytest.fixture(scope="module")
-def standin_image(tmp_path_factory) -> str:
+def build_standin(context: Path, image: str = IMAGE, launchers: dict | None = None) -> dict:
+    """Render the recipe into ``context``, build its stand-in runtime as ``image`` (the kernels
+    stage run on this host with no GPU), and return the record. ``launchers`` replaces the
+    rendered imgfab-triton-launchers.json (bench/startup.py: the signatures a run recorded)."""
     env = _env()
-    context = tmp_path_factory.mktemp("ctx") / "qwen2-7b-h200"
+    context.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "imgfab.cli", "render", str(RECIPE), "--output",
                     str(context)], env=env, check=True, capture_output=True, text=True)
+    if launchers is not None:
+        (context / "imgfab-triton-launchers.json").write_text(json.dumps(launchers, indent=1, sort_keys=True) + "\n")
     rendered = (context / "Dockerfile").read_text()
     text, removed = standin_dockerfile(rendered, os.environ["IMGFAB_STANDIN_BASE"])
     (context / "Dockerfile.standin").write_text(text)
@@ -177,14 +189,34 @@ def standin_image(tmp_path_factory) -> str:
         (context / "venv" / DROP_TOOLKIT).write_text(DROP_TOOLKIT_SOURCE)
         kernels = standin_kernels(rendered, context, os.environ["IMGFAB_STANDIN_BASE"], env)
     built = subprocess.run(["docker", "build", "--network", "host", "-f", "Dockerfile.standin",
-                            "-t", IMAGE, "."], cwd=context, capture_output=True,
+                            "-t", image, "."], cwd=context, capture_output=True,
                            # the classic builder: the stand-in's stage needs no BuildKit, and
                            # the GPU host's Debian dockerd comes without buildx
                            env=dict(env, DOCKER_BUILDKIT="0"),
                            text=True, timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    _record("standin", {"dockerfile_removed": removed, "dockerfile": text, "kernels": kernels,
-                        "mounts": _mounts(), "build_tail": built.stdout[-1500:]})
+    return {"dockerfile_removed": removed, "dockerfile": text, "kernels": kernels,
+            "mounts": _mounts(), "build_tail": built.stdout[-1500:]}
+
+
+def nocc_variant(image: str) -> str:
+    """``image`` less every C/C++ compiler (gcc, cc, g++, c++ and gcc's cc1/cc1plus), as
+    ``<image>-nocc``: the runtime a vLLM recipe renders (no compiler) on the stand-in base, which
+    is the GPU host's own root filesystem and so has them."""
+    variant = f"{image}-nocc"
+    dockerfile = (f"FROM {image}\nUSER 0\n"
+                  "RUN rm -f /usr/bin/gcc* /usr/bin/cc /usr/bin/c++ /usr/bin/g++* /usr/bin/x86_64-linux-gnu-g* "
+                  "/usr/lib/gcc/x86_64-linux-gnu/*/cc1* && ! command -v gcc && ! command -v cc\n"
+                  "USER 10001:10001\n")
+    built = subprocess.run(["docker", "build", "-t", variant, "-"], input=dockerfile,
+                           env=dict(_env(), DOCKER_BUILDKIT="0"), capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    return variant
+
+
+@pytest.fixture(scope="module")
+def standin_image(tmp_path_factory) -> str:
+    _record("standin", build_standin(tmp_path_factory.mktemp("ctx") / "qwen2-7b-h200"))
     return IMAGE
 
 
@@ -261,14 +293,7 @@ def test_the_runtime_serves_with_no_c_compiler(standin_image):
     launcher stubs with cc at first use (triton/runtime/build.py), so a pass here means serving
     launched none that it had to compile. The record keeps the log either way."""
     env = _env()
-    variant = f"{IMAGE}-nocc"
-    dockerfile = (f"FROM {standin_image}\nUSER 0\n"
-                  "RUN rm -f /usr/bin/gcc* /usr/bin/cc /usr/bin/c++ /usr/bin/g++* /usr/bin/x86_64-linux-gnu-g* "
-                  "/usr/lib/gcc/x86_64-linux-gnu/*/cc1* && ! command -v gcc && ! command -v cc\n"
-                  "USER 10001:10001\n")
-    built = subprocess.run(["docker", "build", "-t", variant, "-"], input=dockerfile, env=dict(env, DOCKER_BUILDKIT="0"),
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    variant = nocc_variant(standin_image)
     argv = [sys.executable, "-m", "imgfab.cli", "smoke", variant, "--synthetic-model",
             "--shape", "runsh", "--gpus", "none", "--network", "host", "--timeout", "540",
             "--env", "LD_LIBRARY_PATH=/usr/local/nvidia/lib64", "--json",

@@ -47,6 +47,8 @@ def _records(name: str):
                 continue
             yield f"{name} {key}[{index}]", row
             for field, nested in row.items():
+                if field == "signatures":  # triton_launchers.yaml: measured data of the sourced row
+                    continue
                 if isinstance(nested, list) and nested and isinstance(nested[0], dict):
                     for inner, entry in enumerate(nested):
                         yield f"{name} {key}[{index}].{field}[{inner}]", entry

@@ -3,6 +3,7 @@ first start, compiles for the wrong GPU, or ships the compiler to the runtime.""
 
 K = ("tests/stack/test_kernels_aot.py",)
 F = ("tests/render/test_golden_fragments.py",)
+T = ("tests/stack/test_triton_launchers.py",)
 
 PLANTS = [
     dict(name="kernels: aot rows compile at start again", path="stack/toolchain.py",
@@ -17,7 +18,20 @@ PLANTS = [
     dict(name="kernels: the builder's kernels never reach the runtime", path="_data/templates/runtime.j2",
          old="COPY --link --from=kernels /opt/imgfab/layers/kernels/ /\n", new="", first=K),
     dict(name="kernels: a failed compile still stages", path="in_image/kernels.py",
-         old="            return 1\n", new="            continue\n", first=K),
+         old="                  file=sys.stderr)\n            return 1\n        print(f\"imgfab-kernels: {spec} ->",
+         new="                  file=sys.stderr)\n            continue\n        print(f\"imgfab-kernels: {spec} ->", first=K),
     dict(name="kernels: no target architecture accepted", path="in_image/kernels.py",
-         old='    if not os.environ.get("FLASHINFER_CUDA_ARCH_LIST"):', new="    if False:", first=K),
+         old='    if len(argv) > 1 and not os.environ.get("FLASHINFER_CUDA_ARCH_LIST"):', new="    if False:", first=K),
+    dict(name="triton: a measured stack keeps its C compiler", path="stack/resolve.py",
+         old="    row = launchers_for(matrix.triton_launchers, stack) if stack.aot_specs else None",
+         new="    row = None", first=T),
+    dict(name="triton: a row measured at another precision is used", path="matrix/triton.py",
+         old="and compute_capability in self.compute_capabilities and precision in self.precisions",
+         new="and compute_capability in self.compute_capabilities", first=T),
+    dict(name="triton: a launcher that regenerates under another key is built anyway", path="in_image/kernels.py",
+         old="        if recorded is not None and key != recorded:", new="        if False:", first=T),
+    dict(name="triton: the seed overwrites what the cache volume holds", path="_data/templates/entrypoint.sh.j2",
+         old='        if [ ! -e "$TRITON_CACHE_DIR/$key" ]; then', new="        if true; then", first=T),
+    dict(name="triton: a lock of another Triton renders the measured launchers", path="render/context.py",
+         old="    if row is not None and locked is not None and locked != row.triton:", new="    if False:", first=T),
 ]

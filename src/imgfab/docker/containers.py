@@ -115,12 +115,14 @@ def container_running(container: Any) -> bool:
     return container.status == "running"
 
 
-def container_logs(container: Any, *, tail: int = 200) -> str:
-    """The last ``tail`` lines of the container's stdout and stderr, as text."""
+def container_logs(container: Any, *, tail: int | None = 200, timestamps: bool = False) -> str:
+    """The last ``tail`` lines of the container's stdout and stderr (all of them for None), as
+    text; with ``timestamps``, each line starts with the engine's RFC 3339 time of it."""
     from docker.errors import DockerException  # noqa: PLC0415
 
     try:
-        data = container.logs(stdout=True, stderr=True, tail=tail)
+        data = container.logs(stdout=True, stderr=True, tail="all" if tail is None else tail,
+                              timestamps=timestamps)
     except DockerException as exc:
         raise EngineError(f"cannot read logs of container {container.name}: "
                           f"{_one_line(exc)}", field="engine",

@@ -21,6 +21,7 @@ from imgfab.matrix.gpus import check_nvml_names, match_gpu, parse_nvml_names, pa
 from imgfab.matrix.payloads import PayloadCheck, load_payload_checks
 # The record types and the YAML helpers live in imgfab.matrix.records; they are importable from
 # here as before.
+from imgfab.matrix.triton import TritonLaunchers, load_triton_launchers
 from imgfab.matrix.records import (Architecture, BackendGpuSupport, BackendProfile, BackendRelease, CudaImage, CudaRuntime,
                                    CudaToolkit, DriverBranch, Gpu, MinorCompat, NvmlName, OsRelease,
                                    PrecisionRule, Sourced, TensorRTRelease, TorchRelease, _opt, _read, _records, _sourced,
@@ -53,6 +54,7 @@ class Matrix:
     payload_checks: list[PayloadCheck] = field(default_factory=list)  # compat/payloads.yaml
     # backends.yaml gpu_support: backend → the oldest GPU it supports at all
     gpu_support: dict[str, BackendGpuSupport] = field(default_factory=dict)
+    triton_launchers: list[TritonLaunchers] = field(default_factory=list)  # compat/triton_launchers.yaml
 
     def advisories_for(self, package: str, version: str) -> list[Advisory]:
         """The advisories whose affected range holds ``package`` ``version``, in file order."""
@@ -267,7 +269,10 @@ def load_matrix(directory: Path | None = None) -> Matrix:
             weights_required=_str(row, "weights_required", "backends.yaml"),
             reason=str(row.get("reason", "")),
             jit_toolchains=_jit_toolchains(row),
-            multinode_requires=_tuple(row.get("multinode_requires")), **_sourced(row))
+            multinode_requires=_tuple(row.get("multinode_requires")),
+            triton_toolchain=_tuple(row.get("triton_toolchain")),
+            jit_monitor_versions=str(row.get("jit_monitor_versions") or ""),
+            jit_monitor_source=str(row.get("jit_monitor_source") or ""), **_sourced(row))
         for row in _records(backends, "backends", "backends.yaml")
     }
     gpu_support = {
@@ -291,6 +296,7 @@ def load_matrix(directory: Path | None = None) -> Matrix:
                     unconfirmed=unconfirmed, tensorrt=load_tensorrt(directory), gpu_support=gpu_support)
     matrix.advisories = load_advisories(directory)
     matrix.payload_checks = load_payload_checks(directory)
+    matrix.triton_launchers = load_triton_launchers(directory)
     matrix.releases, matrix.dropped = _buildable(matrix, releases)
     return matrix
 

@@ -203,6 +203,12 @@ class BackendProfile(Sourced):
     jit_toolchains: tuple[Any, ...] = ()
     # Requirements the payload adds when the recipe spans nodes (target.nodes > 1), e.g. ray.
     multinode_requires: tuple[str, ...] = ()
+    # What runtime_toolchain holds only for Triton's launcher builds: dropped where the builder
+    # compiles the launchers (compat/triton_launchers.yaml).
+    triton_toolchain: tuple[str, ...] = ()
+    # The releases whose kernel JIT monitor the runtime sets to fail (--jit-monitor-mode error).
+    jit_monitor_versions: str = ""
+    jit_monitor_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -324,6 +330,7 @@ _FIELD_PATTERNS: dict[str, str] = {
     # Debian package names (Policy 5.6.1), and the tool names verify knows
     "system_packages": r"[a-z0-9][a-z0-9+.-]{0,127}", "runtime_packages": r"[a-z0-9][a-z0-9+.-]{0,127}",
     "builder_packages": r"[a-z0-9][a-z0-9+.-]{0,127}", "runtime_toolchain": r"[a-z0-9][a-z0-9+.-]{0,127}",
+    "triton_toolchain": r"[a-z0-9][a-z0-9+.-]{0,127}", "jit_monitor_versions": rf"({_SPECIFIER})?",
     "weights_required": r"[A-Za-z0-9._*|,-]{1,256}", "backend": r"[a-z][a-z0-9-]{0,31}",
     "precision": r"[a-z][a-z0-9_]{0,31}", "cuda_major": r"([0-9]{1,3})?",
 }

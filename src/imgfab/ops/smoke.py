@@ -39,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -393,6 +394,7 @@ class RunSettings:
     extra_body: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None  # sent as Authorization: Bearer; its absence must be refused
     open_routes: frozenset[tuple[str, str]] = OPEN_ROUTES  # answer without the key (smoke_routes)
+    log_dir: str | None = None  # where each shape's whole container log is written (<shape>.log)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -442,6 +444,8 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
         report.failures[:0] = mounts.failures
         report.notes += mounts.notes
         report.passed = report.passed and not mounts.failures
+        if settings.log_dir:  # the whole log, for start-up spans (bench/startup.py)
+            _write_log(engine, container, settings.log_dir, report)
         if report.passed:  # what serving printed (what it compiled, how long it took)
             try:
                 report.log_tail = engine.container_logs(container, tail=LOG_TAIL_LINES)
@@ -457,6 +461,18 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
                                    f"{exc.one_line()}")
             report.passed = False
     return report
+
+
+def _write_log(engine: Any, container: Any, directory: str, report: SmokeReport) -> None:
+    """Write the container's whole log, each line with the engine's timestamp, to
+    ``directory/<shape>.log`` (a note when it cannot)."""
+    path = Path(directory) / f"{report.shape or 'smoke'}.log"
+    try:
+        text = engine.container_logs(container, tail=None, timestamps=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except (EngineError, OSError) as exc:
+        report.notes.append(f"log not written to {path}: {' '.join(str(exc).split())}")
 
 
 def _check_mounts(engine: Any, container: Any, report: SmokeReport) -> None:

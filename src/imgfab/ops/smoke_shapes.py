@@ -217,11 +217,12 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
                   mounts: list[tuple[str, str, bool]] = (), env: dict[str, str] | None = None,
                   network: str | None = None, cache_volume: str | None = None,
                   timeout_s: float = 900.0, memlock: bool = True, engine: Any = None,
-                  pull: bool = True, progress: Any = None) -> ShapesReport:
+                  pull: bool = True, progress: Any = None, log_dir: Path | None = None) -> ShapesReport:
     """``imgfab smoke``: ``image`` (built by imgfab: its labels give the mount, port and shm)
     in each of ``shapes``, serving ``weights`` or, when None, a synthetic model of
     ``architecture`` (default: compat/models.yaml for the image's model id) made inside the
-    image. ``mounts``, ``devices``, ``env`` and ``network`` reach every container (GPU access
+    image. ``log_dir``: each shape's whole container log is written there (``<shape>.log``).
+    ``mounts``, ``devices``, ``env`` and ``network`` reach every container (GPU access
     without the NVIDIA runtime, a host without a bridge network). RecipeError for an image
     imgfab did not build, an architecture it cannot make, or weights of another model;
     CompatibilityError for weights that cannot fit (before any container starts); EngineError
@@ -266,7 +267,7 @@ def smoke_command(image: str, *, weights: Path | None, architecture: str | None 
             env=dict(env or {}), devices=tuple(devices), network=network,
             container_port=int(labels["org.imgfab.serve.port"]), health_timeout_s=timeout_s,
             completions=True, extra_body=dict(SYNTHETIC_BODY) if directory is not None else {},
-            open_routes=open_routes(labels))
+            open_routes=open_routes(labels), log_dir=str(log_dir) if log_dir else None)
         report = smoke_shapes(image, settings, shapes, uid=uid, cache_volume=cache_volume,
                               engine=engine, weights=str(weights), synthetic_note=note,
                               api_key=labels.get("org.imgfab.backend") == "vllm")

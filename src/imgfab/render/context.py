@@ -29,6 +29,7 @@ from imgfab.errors import RecipeError
 from imgfab.in_image import gate
 from imgfab.in_image.stage import BASE_GROUP
 from imgfab.matrix.compat import Matrix
+from imgfab.matrix.triton import launchers_for
 from imgfab.payload.lock import Lock, requirement_pins, served_stack
 from imgfab.recipe import Recipe, recipe_hash
 from imgfab.in_image.fit import WEIGHT_BYTES
@@ -327,6 +328,10 @@ def image_labels(recipe: Recipe, stack: Stack, digest: str, weights_required: st
         # run time, so a kernel missing here fails the start, naming its module).
         f"{p}.kernels": "; ".join(stack.aot),
         f"{p}.kernels.arch": stack.compute_capability if stack.aot_specs else "",
+        # The build tools the runtime carries (none: nothing compiles at start), and the Triton
+        # launchers the builder compiled instead (compat/triton_launchers.yaml).
+        f"{p}.toolchain": ",".join(sorted(stack.runtime_toolchain)),
+        f"{p}.kernels.triton": f"{stack.triton_launchers} launchers, Triton {stack.triton}" if stack.triton else "",
     }
 
 
@@ -385,6 +390,8 @@ def serve_commands(recipe: Recipe, stack: Stack) -> dict[str, list[str]]:
                 argv += ["--quantization", "fp8"]  # online FP8 (W8A8) from a 16-bit checkpoint
             if stack.kv_cache_dtype == "fp8":
                 argv += ["--kv-cache-dtype", "fp8"]
+            if stack.jit_monitor:  # a JIT compile after the warm-up fails loudly (compat/backends.yaml)
+                argv += ["--jit-monitor-mode", stack.jit_monitor]
         else:  # TensorRT-LLM: built and checked against the release's flag table in trtllm.py
             served = _trtllm().engine_plan(recipe, stack).served_engine \
                 if stack.backend_path == "engine" else None
@@ -497,7 +504,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "cache_volume": shapes.cache_volume(recipe.name),
         "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
         "cuda_view": _cuda_view(stack),
-        "kernels": _kernels(stack),
+        "kernels": _kernels(stack, lock, matrix),
+        "triton_seed": TRITON_SEED if stack.aot_specs else "",  # the helper is compiled with any kernels stage
         "api_key": _api_key_context(recipe, stack),
         # Fail closed (issue 34): the entrypoint's default for IMGFAB_ALLOW_UNAUTHENTICATED, and
         # where run.sh and compose.yaml publish the port (HOST_ADDR overrides it).
@@ -554,6 +562,7 @@ def _build_files(env: jinja2.Environment, context: dict[str, Any], plan: Any) ->
     }
     if context["kernels"]:
         files["imgfab-kernels.py"] = (resources.files("imgfab.in_image") / "kernels.py").read_text(encoding="utf-8")
+        files["imgfab-triton-launchers.json"] = context["kernels"]["triton"]["json"]
     if plan is not None:
         files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
         files["imgfab-quantize.py"] = env.get_template("imgfab-quantize.py.j2").render(context)
@@ -579,12 +588,32 @@ def in_image_files() -> dict[str, str]:
     return files
 
 
-def _kernels(stack: Stack) -> dict[str, Any] | None:
-    """The kernels stage (the builder compiles FlashInfer's JIT modules for this GPU), or None."""
+# Where the kernels stage puts Triton's compiled helpers (a Triton cache the entrypoint copies
+# into TRITON_CACHE_DIR at start).
+TRITON_SEED = "/opt/imgfab/triton-seed"
+
+
+def _kernels(stack: Stack, lock: Lock | None, matrix: Matrix) -> dict[str, Any] | None:
+    """The kernels stage (the builder compiles FlashInfer's JIT modules for this GPU, and
+    Triton's driver helper and the launchers compat/triton_launchers.yaml records), or None."""
     if not stack.aot_specs:
         return None
+    row = launchers_for(matrix.triton_launchers, stack) if stack.triton else None
+    locked = lock.packages.get("triton", ("",))[0] if lock is not None else None
+    if row is not None and locked is not None and locked != row.triton:
+        # the launchers' cache keys (their generated source) belong to the Triton they were measured with
+        raise RecipeError(
+            f"the lock pins triton {locked or '(none)'}, but compat/triton_launchers.yaml measured "
+            f"{stack.backend} {stack.backend_version}'s launchers with Triton {row.triton}",
+            field="backend.version", fix="re-lock the recipe (imgfab lock), or measure a launchers row for "
+                                         f"Triton {locked} (bench/startup.py --phase capture)")
+    launchers = row.launchers_json() if row is not None else {"launchers": []}
     return {"specs": list(stack.aot_specs), "arch": stack.compute_capability,
-            "home": PAYLOAD_CUDA_HOME, "major": stack.cuda.split(".")[0], "what": "; ".join(stack.aot)}
+            "home": PAYLOAD_CUDA_HOME, "major": stack.cuda.split(".")[0], "what": "; ".join(stack.aot),
+            "triton": {"seed": TRITON_SEED, "count": len(launchers["launchers"]), "measured": row is not None,
+                       "source": (f"measured with Triton {row.triton} ({row.measured})" if row is not None
+                                  else "(none measured for this stack: the runtime keeps its C compiler)"),
+                       "json": json.dumps(launchers, indent=1, sort_keys=True) + "\n"}}
 
 
 def _cuda_view(stack: Stack) -> dict[str, str] | None:

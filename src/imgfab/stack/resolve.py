@@ -29,6 +29,7 @@ from imgfab.errors import CompatibilityError, RecipeError
 from imgfab.recipe import Recipe, alias_choices, ambiguous_alias
 from imgfab.in_image.rules import (FORWARD_COMPAT, MINOR_COMPAT, MINOR_COMPAT_LIMITS, STRICT,
                                    compare_versions, nvidia_require_cuda, parse_version)
+from imgfab.matrix.triton import launchers_for
 from imgfab.stack.toolchain import PayloadToolchainUnavailable, runtime_plan
 from imgfab.stack.candidates import (_OS_ORDER, _PRIORITY, Payload, Rejection, _torch_pin, covered_archs,
                                      evaluate, payload_floors, payload_of, precision_of,
@@ -112,6 +113,11 @@ class Stack:
     # "name: what" per toolchain so compiled (compat/backends.yaml aot_specs)
     aot_specs: tuple[str, ...] = ()
     aot: tuple[str, ...] = ()
+    # Triton's launchers the builder compiles (compat/triton_launchers.yaml): the Triton version
+    # they were measured with ("" when none: the runtime keeps its C compiler), and how many.
+    triton: str = ""
+    triton_launchers: int = 0
+    jit_monitor: str = ""  # vLLM's --jit-monitor-mode ("error"; "" leaves the release's default)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -185,6 +191,7 @@ def resolve(recipe: Recipe, matrix: Matrix, host: Host | None = None,
                             nodes=recipe.target.nodes,
                             payload_multinode=matrix.profiles[release.backend].multinode_requires
                             if recipe.target.nodes > 1 else ())
+            stack = _with_triton_launchers(matrix, stack)
             if advisories:
                 stack = _with_advisories(recipe, matrix, stack, host)
             return Resolution(stack=stack, rejections=rejections)
@@ -381,6 +388,41 @@ def _stack(recipe: Recipe, matrix: Matrix, release: BackendRelease, gpu: Gpu, pr
         cuda_compat="keep" if policy == FORWARD_COMPAT else "drop",
         notes=tuple(notes), sources=tuple(sources), unconfirmed=tuple(unconfirmed),
         aot_specs=plan.aot_specs, aot=plan.aot)
+
+
+def _with_triton_launchers(matrix: Matrix, stack: Stack) -> Stack:
+    """``stack`` with its Triton launcher plan (issue 33), and vLLM's JIT monitor set to fail.
+
+    Where the builder compiles kernels (a kernels stage) and compat/triton_launchers.yaml has a
+    confirmed row measured for this stack's release and serving settings, the builder also
+    compiles Triton's driver helper and those launchers, and the runtime leaves the backend's
+    ``triton_toolchain`` (the C compiler and headers) out. Elsewhere they stay, declared, as
+    the fallback Triton compiles with at start; the note says so."""
+    profile = matrix.profiles[stack.backend]
+    monitor = bool(profile.jit_monitor_versions) and Version(stack.backend_version) in SpecifierSet(
+        profile.jit_monitor_versions)
+    stack = replace(stack, jit_monitor="error" if monitor else "")
+    if not profile.triton_toolchain:
+        return stack
+    row = launchers_for(matrix.triton_launchers, stack) if stack.aot_specs else None
+    dropped = set(profile.triton_toolchain)
+    if row is None:
+        why = ("no kernels stage compiles ahead for this stack" if not stack.aot_specs else
+               f"compat/triton_launchers.yaml has no confirmed row measured for {stack.backend} "
+               f"{stack.backend_version} on compute capability {stack.compute_capability} with "
+               f"{stack.precision}, KV {stack.kv_cache_dtype}, tp {stack.tensor_parallel}, pp "
+               f"{stack.pipeline_parallel}, {stack.nodes} node(s)")
+        return replace(stack, notes=stack.notes + (
+            f"runtime carries a C compiler ({', '.join(sorted(dropped & set(stack.runtime_toolchain)))}), "
+            f"declared as the fallback Triton builds its launcher stubs with at start: {why}",))
+    return replace(
+        stack, runtime_packages=tuple(p for p in stack.runtime_packages if p not in dropped),
+        runtime_toolchain=tuple(t for t in stack.runtime_toolchain if t not in dropped),
+        triton=row.triton, triton_launchers=len(row.signatures),
+        sources=tuple(sorted(set(stack.sources) | {row.source})),
+        notes=stack.notes + (f"builder compiles Triton {row.triton}'s driver helper and "
+                             f"{len(row.signatures)} launcher stubs (compat/triton_launchers.yaml, measured "
+                             f"{row.measured}); the runtime carries no C compiler",))
 
 
 def _payload_toolchain(plan: Any, torch_row: Any, release: BackendRelease) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-82eb9b70a626
+    IMAGE=llm/llama3.1-8b:tensorrtllm1.2.1-cu13.1.2-sm90-fp8-engine-26147dfd581d
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"

@@ -13,7 +13,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-5d5f1ea7217e
+    IMAGE=llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-a8b9533bb535
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"

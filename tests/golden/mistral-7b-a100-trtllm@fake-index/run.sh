@@ -13,7 +13,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-4137483d7ece
+    IMAGE=llm/mistral-7b:tensorrtllm1.2.1-cu13.1.2-sm80-c8347b89fb2d
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding mistralai/Mistral-7B-Instruct-v0.3 at revision c170c708c41dac9275d15a8fff4eca08d52bab71}"

@@ -14,7 +14,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/qwen2-7b:tensorrtllm1.2.1-cu13.1.2-sm89-int4awq-engine-f6b79e59cd4e
+    IMAGE=llm/qwen2-7b:tensorrtllm1.2.1-cu13.1.2-sm89-int4awq-engine-c5e5cb55c170
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
