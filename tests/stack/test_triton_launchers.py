@@ -132,7 +132,8 @@ def test_without_a_row_the_runtime_installs_the_declared_compiler_and_labels_it(
     files = render_context(recipe, stack, matrix)
     runtime = _code(files["Dockerfile"], "AS runtime")
     assert "apt-get install -y --no-install-recommends gcc libc6-dev python3 python3-dev python3-venv" in runtime
-    assert json.loads(files["imgfab-triton-launchers.json"])["launchers"] == []
+    assert "imgfab-triton-launchers.json" not in files and "--triton" not in files["Dockerfile"]
+    assert "triton-seed" not in files["entrypoint.sh"]
     labels = json.loads(files["image.json"])
     assert labels["org.imgfab.toolchain"] == "gcc,libc6-dev,python3-dev"
     assert labels["org.imgfab.kernels.triton"] == ""
@@ -165,9 +166,10 @@ def test_a_malformed_launchers_row_is_refused_at_load(compat, change, message):
 
 
 def test_the_repository_row_is_the_measured_one():
-    """compat/triton_launchers.yaml: the 18 signatures the H100 run of 2026-12-05 recorded."""
+    """compat/triton_launchers.yaml: the 18 signatures the H100 run of 2026-12-05 recorded (not
+    applied yet: confirmed false until an integration build exercises the builder step)."""
     row, = load_matrix().triton_launchers
-    assert (row.backend, row.backend_version, row.triton, row.confirmed) == ("vllm", "0.26.0", "3.6.0", True)
+    assert (row.backend, row.backend_version, row.triton, row.confirmed) == ("vllm", "0.26.0", "3.6.0", False)
     assert len(row.signatures) == 18 and row.compute_capabilities == ("9.0",)
     proof = json.loads((REPO / "tests" / "fixtures" / "gpu_proof" / "h100-vllm-startup-2026-12-05.json").read_text())
     assert [s["key"] for s in row.signatures] == [s["key"] for s in proof["launchers_recorded"]["launchers"]]

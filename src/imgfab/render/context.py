@@ -505,7 +505,7 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
         "cuda_view": _cuda_view(stack),
         "kernels": _kernels(stack, lock, matrix),
-        "triton_seed": TRITON_SEED if stack.aot_specs else "",  # the helper is compiled with any kernels stage
+        "triton_seed": TRITON_SEED if stack.aot_specs and stack.triton else "",
         "api_key": _api_key_context(recipe, stack),
         # Fail closed (issue 34): the entrypoint's default for IMGFAB_ALLOW_UNAUTHENTICATED, and
         # where run.sh and compose.yaml publish the port (HOST_ADDR overrides it).
@@ -562,7 +562,8 @@ def _build_files(env: jinja2.Environment, context: dict[str, Any], plan: Any) ->
     }
     if context["kernels"]:
         files["imgfab-kernels.py"] = (resources.files("imgfab.in_image") / "kernels.py").read_text(encoding="utf-8")
-        files["imgfab-triton-launchers.json"] = context["kernels"]["triton"]["json"]
+        if context["kernels"]["triton"]["measured"]:
+            files["imgfab-triton-launchers.json"] = context["kernels"]["triton"]["json"]
     if plan is not None:
         files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
         files["imgfab-quantize.py"] = env.get_template("imgfab-quantize.py.j2").render(context)
