@@ -99,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
-    from fake_payload import fleet_pins, installer_wheel, serve_index
+    from fake_payload import fleet_pins, real_wheels, serve_index
 
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     gateway = subprocess.run([DOCKER, "network", "inspect", "bridge", "--format",
@@ -109,7 +109,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         work = Path(root)
         copies = bench_copies(recipes, work, "seq")
-        uv = (installer_wheel(),)
+        uv = real_wheels(*recipes)  # the uv installer, and a measured launchers row's Triton
         with serve_index(pins, uv) as index, serve_index(pins, uv, host=gateway) as bridge:
             lock_fleet(copies, index, work / "seq-locks")
             lock_fleet(recipes, bridge, work / "bake-locks")

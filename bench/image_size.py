@@ -6,6 +6,12 @@ Prints (runtime image − base image) ÷ installed size of /opt/venv (goal <= 1.
 runtime image size ÷ a naive single-stage image built the way tutorials do (devel base,
 everything as root, pip cache kept), same payload, same stand-in bases.
 
+Where the recipe's stack has a confirmed Triton launchers row (compat/triton_launchers.yaml:
+the builder compiles Triton's launchers and the runtime carries no C compiler, issue 33), the
+same run also builds the runtime the way a stack without the row gets it (the row unconfirmed
+in a copy of compat/: gcc, libc6-dev and python3-dev installed as the declared fallback) and
+prints both sizes side by side with their ratio. ``--no-toolchain-compare`` skips that build.
+
 Disk: a real payload's venv (10-25 GB) sits in the builder stage's cache, the runtime image and
 the naive image at once. ``--free-before-naive`` (``auto``: when the engine's disk has less free
 than ~2x the venv) records the runtime figures first, then removes this run's runtime image
@@ -18,6 +24,8 @@ way; only the order of the naive build and the removal changes. The naive image 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +56,8 @@ def main() -> int:
     add_payload_arguments(parser)
     parser.add_argument("--naive-tag", default=None, help="default imgfab-bench/naive:<payload>")
     parser.add_argument("--free-before-naive", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument("--no-toolchain-compare", action="store_true",
+                        help="skip the second runtime build with the declared C compiler")
     args = parser.parse_args()
     from imgfab.docker import engine
     from imgfab.docker.build import _pip_conf, base_image_args, build_recipe
@@ -73,6 +83,10 @@ def main() -> int:
         venv = int(docker("run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv").split()[0])
         print(f"recorded before the naive build: runtime image {built.size_bytes / 1e6:.1f} MB, "
               f"base {base_size / 1e6:.1f} MB, /opt/venv {venv / 1e6:.1f} MB", flush=True)
+        fallback = None
+        if stack.triton and not args.no_toolchain_compare:
+            fallback = _fallback_size(recipe, options, Path(scratch))
+            print(f"recorded: the same runtime with the declared C compiler {fallback / 1e6:.1f} MB", flush=True)
         # The runtime figures are recorded: from here on the runtime image may go.
         free = free_bytes()
         freed = args.free_before_naive == "yes" or (
@@ -106,11 +120,40 @@ def main() -> int:
     print(f"runtime image {size / 1e6:9.1f} MB   base {base_size / 1e6:9.1f} MB   "
           f"/opt/venv {venv / 1e6:9.1f} MB   naive single-stage {naive_size / 1e6:9.1f} MB")
     print(f"(runtime - base) / venv = {(size - base_size) / venv:.3f}   (goal <= 1.05)")
+    if fallback is not None:
+        print(f"runtime without a C compiler {size / 1e6:9.1f} MB   with the declared fallback "
+              f"(gcc, libc6-dev, python3-dev) {fallback / 1e6:9.1f} MB   saved {(fallback - size) / 1e6:.1f} MB   "
+              f"ratio {size / fallback:.3f} (Triton {stack.triton}: {stack.triton_launchers} launchers "
+              f"compiled by the builder)")
     print(f"runtime / naive         = {size / naive_size:.3f}   (stand-in bases: runtime base "
           f"{base_size / 1e6:.0f} MB, builder base {builder_size / 1e6:.0f} MB, debootstrap root "
           f"filesystems without CUDA: far smaller than real CUDA images (several GB), so real "
           f"ratios differ)")
     return 0
+
+
+def _fallback_size(recipe: Path, options, scratch: Path) -> int:
+    """Bytes of ``recipe``'s runtime built as a stack without a Triton launchers row gets it:
+    compat/ copied with every row of triton_launchers.yaml unconfirmed (the resolver then keeps
+    the backend's declared C compiler). Its tags are removed afterwards."""
+    import yaml
+
+    from imgfab.docker import engine
+    from imgfab.docker.build import build_recipe
+    from imgfab.matrix.compat import default_compat_dir
+
+    compat = scratch / "compat-fallback"
+    shutil.copytree(options.compat_dir or default_compat_dir(), compat)
+    launchers = compat / "triton_launchers.yaml"
+    data = yaml.safe_load(launchers.read_text())
+    for row in data["launchers"]:
+        row.update(confirmed=False, note="unconfirmed for bench/image_size.py's comparison")
+    launchers.write_text(yaml.safe_dump(data, sort_keys=False))
+    built = build_recipe(str(recipe), dataclasses.replace(options, compat_dir=compat),
+                         context_dir=scratch / "ctx-fallback")
+    for tag in built.tags:
+        engine.remove_image(tag)
+    return built.size_bytes
 
 
 if __name__ == "__main__":

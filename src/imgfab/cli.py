@@ -626,6 +626,7 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
               selected=best.image.reference if best else None, advisories=advisories,
               candidates=[{"tag": c.image.tag, "reference": c.image.reference, "fits": c.fits,
                            "reason": c.reason(), "pull_requires": c.pull_requires,
+                           "toolchain": c.toolchain,
                            "platform": c.platform,
                            **c.rejection()} for c in candidates])
     elif explain:
@@ -636,12 +637,15 @@ def select_image(repository: str, driver: str | None, gpu: str | None, model: st
         for candidate in candidates:
             mark = "*" if best is candidate else ("+" if candidate.fits else "-")
             pull = f" (pull needs {candidate.pull_requires})" if candidate.pull_requires else ""
-            _say(f"{mark} {candidate.tag}: {candidate.reason()}{pull}")
+            cc = f" (runtime C compiler: {candidate.toolchain})" if candidate.toolchain else ""
+            _say(f"{mark} {candidate.tag}: {candidate.reason()}{pull}{cc}")
     if error is not None:
         raise error
     if not as_json:
         if best.pull_note():  # stderr: stdout stays the one reference scripts read
             _say(f"note: {best.pull_note()}", err=True)
+        if best.toolchain_note():
+            _say(f"note: {best.toolchain_note()}", err=True)
         for line in advisories:
             _say(f"advisory: {line}", err=True)
         _say(best.image.reference)

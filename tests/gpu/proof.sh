@@ -58,9 +58,9 @@ shape|startup)
         # bench/startup.py, one phase per call (capture, starts, seeded, shapes: 10 minutes each at most)
         keep=/tmp/imgfab-startup-out
         status=0
-        python3 bench/startup.py --out "$keep" --phase "$2" 2>&1 | tee "$OUT/startup-$2.log" | tail -n 60 || status=$?
+        python3 bench/startup.py --out "$keep" --phase "$2" 2>&1 | tee "$OUT/startup-${2//,/-}.log" | tail -n 60 || status=$?
         cp "$keep"/*.json "$OUT"/ 2>/dev/null || true
-        tar -C "$keep" -cJf "$OUT/logs-$2.tar.xz" --exclude='*.json' . || true
+        tar -C "$keep" -cJf "$OUT/logs-${2//,/-}.tar.xz" --exclude='*.json' . || true
         exit "$status"
     fi
     selection="$2"

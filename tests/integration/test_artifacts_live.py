@@ -14,6 +14,7 @@ Both use their own repositories (``imgfab-test/...``): no example recipe's tag m
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -59,11 +60,11 @@ def _copy_recipe(recipe: Path, directory: Path, repository: str) -> Path:
 def bridge_index(tmp_path_factory):
     """The same index on the engine's bridge gateway: bake's build steps run on the default
     network, where the build host's loopback is not the host's."""
-    from fake_payload import fleet_pins, installer_wheel, serve_index
+    from fake_payload import fleet_pins, real_wheels, serve_index
 
     gateway = _docker("network", "inspect", "bridge", "--format",
                       "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
-    with serve_index(fleet_pins(RECIPES), (installer_wheel(),), host=gateway) as url:
+    with serve_index(fleet_pins(RECIPES), real_wheels(*RECIPES), host=gateway) as url:
         yield url, gateway
 
 
@@ -204,8 +205,11 @@ def test_the_builder_compiles_the_kernels_and_the_runtime_carries_no_cuda_compil
     its sampling module for the H200's 9.0 alone with the payload's own nvcc (the fake
     FlashInfer records what it ran), the runtime gets the library in FlashInfer's AOT layout as
     a layer of its own and FLASHINFER_DISABLE_JIT=1, and carries no nvcc or NVVM (the toolkit
-    wheels' layer is left out), no CUDA_HOME view and no g++ (issue 33). gcc stays: Triton
-    compiles its launcher stubs with it (compat/backends.yaml runtime_toolchain)."""
+    wheels' layer is left out), no CUDA_HOME view and no g++ (issue 33). Nor gcc, cc1 or
+    Python.h: the same stage regenerates, from the real Triton 3.6.0 the fake index serves
+    (fake_payload.triton_wheel), the 18 launcher stubs compat/triton_launchers.yaml measured on
+    the GPU, each under the key recorded there, and Triton's driver helper, into the seed the
+    entrypoint copies into TRITON_CACHE_DIR."""
     from fake_payload import locked_index
 
     recipe_path = _copy_recipe(REPO / "recipes" / "qwen2-7b-h200.yaml", tmp_path, "imgfab-test/kernels")
@@ -216,7 +220,8 @@ def test_the_builder_compiles_the_kernels_and_the_runtime_carries_no_cuda_compil
     probe = _docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/bash", image, "-c",
                     'echo "JIT=$FLASHINFER_DISABLE_JIT CUDA_HOME=${CUDA_HOME:-none}"; '
                     'cat /opt/venv/lib/python3*/site-packages/flashinfer/data/aot/sampling/sampling.so; echo; '
-                    'find / -xdev \\( -name nvcc -o -name g++ -o -name "cc1plus" -o -name cicc \\) -print; '
+                    'find / -xdev \\( -type f -o -type l \\) \\( -name nvcc -o -name g++ -o -name "cc1plus" -o -name cicc -o -name gcc '
+                    '-o -name cc1 -o -name cc -o -name "x86_64-linux-gnu-gcc*" -o -name Python.h \\) -print; '
                     'ls /opt/imgfab', check=False)
     assert probe.returncode == 0, probe.stderr
     lines = probe.stdout.split("\n")
@@ -229,5 +234,23 @@ def test_the_builder_compiles_the_kernels_and_the_runtime_carries_no_cuda_compil
     labels = json.loads(_docker("image", "inspect", image).stdout)[0]["Config"]["Labels"]
     assert labels["org.imgfab.jit"] == "" and labels["org.imgfab.kernels.arch"] == "9.0"
     assert labels["org.imgfab.kernels"] == "flashinfer-sampler (FlashInfer's top-k/top-p sampling kernels)"
+    assert labels["org.imgfab.toolchain"] == "" and labels["org.imgfab.kernels.triton"] == "18 launchers, Triton 3.6.0"
+    seed = _docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/bash", image, "-c",
+                   "cd /opt/imgfab/triton-seed && for d in *; do echo $d $(ls $d); done", check=False)
+    assert seed.returncode == 0, seed.stderr
+    built_keys = dict(line.split(" ", 1) for line in seed.stdout.splitlines())
+    proof = json.loads((REPO / "tests" / "fixtures" / "gpu_proof" / "h100-vllm-startup-2026-12-05.json").read_text())
+    # Triton's cache names a directory by its key in base32 (triton/runtime/cache.py _base32)
+    recorded = {base64.b32encode(bytes.fromhex(s["key"])).decode().rstrip("=")
+                for s in proof["launchers_recorded"]["launchers"]}
+    assert len(recorded) == 18 and recorded < set(built_keys), (sorted(recorded - set(built_keys)), built_keys)
+    assert {built_keys[k] for k in recorded} == {"__triton_launcher.cpython-311-x86_64-linux-gnu.so"}
+    # Triton's CUDA driver helper, under the key its driver.c gives: the same directory the
+    # H100 run's kernels stage wrote (tests/fixtures/gpu_proof/h100-vllm-startup-2026-12-06.json)
+    assert built_keys["XU5DT2AO5BD5AEHEYGLPP5LRDFHHCUEJT4LGDVLB4STXUGVGHFPA"] == "cuda_utils.cpython-311-x86_64-linux-gnu.so"
+    # each of the 19 twice: under the keys of a runtime with `file` (the GPU run's host root
+    # filesystem) and without it (Triton's platform_key ends with platform.architecture()'s linkage)
+    assert len(built_keys) == 38 and sorted(set(built_keys.values())) == [
+        "__triton_launcher.cpython-311-x86_64-linux-gnu.so", "cuda_utils.cpython-311-x86_64-linux-gnu.so"]
     history = _docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
     assert "FLASHINFER_CUDA_ARCH_LIST" not in history  # the compile ran in the builder, not a runtime layer

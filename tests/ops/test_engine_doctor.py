@@ -97,3 +97,24 @@ def test_build_output_args_make_cold_builds_the_same_bytes():
     assert {"type=image", "compression=zstd", "force-compression=true", "oci-mediatypes=true"} == set(output)
     with pytest.raises(EngineError):
         build_output_args("lz4", 0)
+
+
+def _recipe_labels(matrix, name: str) -> dict[str, str]:
+    recipe = parse_recipe(yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text()))
+    return image_labels(recipe, resolve(recipe, matrix).stack, recipe_hash(recipe), "config.json")
+
+
+def test_select_says_when_the_runtime_carries_a_c_compiler(matrix):
+    """Issue 33: qwen2-7b-h100 (vLLM 0.33.0: no measured Triton launchers) keeps the declared
+    C compiler and select says so; qwen2-7b-h200 (vLLM 0.26.0, its launchers compiled by the
+    builder) carries none, and select says nothing."""
+    h100 = Candidate(Published("r/x", "t-h100", "sha256:" + "1" * 64, _recipe_labels(matrix, "qwen2-7b-h100")))
+    h200 = Candidate(Published("r/x", "t-h200", "sha256:" + "2" * 64, _recipe_labels(matrix, "qwen2-7b-h200")))
+    assert h100.toolchain == "gcc,libc6-dev,python3-dev"
+    assert h100.toolchain_note() == (
+        "t-h100: the runtime carries a C compiler (gcc, libc6-dev, python3-dev) as its declared "
+        "fallback: Triton compiles its launchers at each first start (compat/triton_launchers.yaml "
+        "has no confirmed row for this stack)")
+    assert h200.toolchain == "" and h200.toolchain_note() == ""
+    older = Candidate(Published("r/x", "t-old", "sha256:" + "3" * 64, {}))  # built before the label
+    assert older.toolchain == "" and older.toolchain_note() == ""

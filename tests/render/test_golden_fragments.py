@@ -111,14 +111,16 @@ PINNED: dict[str, dict[str, list[str]]] = {
             'org.imgfab.precision="bf16"', 'org.imgfab.tp="1"',
             # FlashInfer's sampler: compiled by the builder for the H200's 9.0 alone with the
             # payload's nvcc (issue 33); the runtime loads it, compiles nothing of FlashInfer and
-            # carries neither g++ nor a CUDA_HOME view
+            # carries neither g++ nor a CUDA_HOME view; Triton's driver helper and the 18 launcher
+            # stubs compat/triton_launchers.yaml measured for vLLM 0.26.0 are compiled there too,
+            # so the runtime carries no C compiler and no headers
             "FROM builder AS kernels\n", "FLASHINFER_CUDA_ARCH_LIST=9.0 \\\n", 'test -x "$tree/bin/nvcc"',
             "COPY --link --from=kernels /opt/imgfab/layers/kernels/ /\n", "    FLASHINFER_DISABLE_JIT=1 \\\n",
             'org.imgfab.jit="" \\\n', 'org.imgfab.kernels.arch="9.0"',
-            # compat/triton_launchers.yaml's row is not applied yet (confirmed: false): the
-            # declared C compiler stays, and the labels say so
-            "apt-get install -y --no-install-recommends gcc libc6-dev python3 python3-dev python3-venv \\\n",
-            'org.imgfab.toolchain="gcc,libc6-dev,python3-dev" \\\n', 'org.imgfab.kernels.triton="" \\\n',
+            "COPY imgfab-kernels.py imgfab-triton-launchers.json /opt/imgfab/\n",
+            "       --triton /opt/imgfab/triton-seed /opt/imgfab/imgfab-triton-launchers.json\n",
+            "apt-get install -y --no-install-recommends python3 python3-venv \\\n",
+            'org.imgfab.toolchain="" \\\n', 'org.imgfab.kernels.triton="18 launchers, Triton 3.6.0" \\\n',
         ],
         "image.json": ['"org.imgfab.driver.floor": "580.95.05"', '"org.imgfab.jit": ""',
                        '"org.imgfab.kernels.arch": "9.0"'],
@@ -133,7 +135,8 @@ PINNED: dict[str, dict[str, list[str]]] = {
         # loopback address too: the recipe names no other (serve.publish_address)
         "compose.yaml": ['shm_size: "16g"', "count: 1\n", _PORTS, 'target: "imgfab-api-key"'],
         "run.sh": ["--gpus count=1\n", "--shm-size 16g\n", _PUBLISH, _API_KEY_MOUNT],
-        "entrypoint.sh": _VLLM_FAILS_CLOSED,
+        # the builder's Triton cache is copied into TRITON_CACHE_DIR before serving starts
+        "entrypoint.sh": _VLLM_FAILS_CLOSED + ["if [ -d /opt/imgfab/triton-seed ]; then\n"],
     },
     # The newest stack (issue 32): backend.version unpinned, so the newest vLLM the matrix holds,
     # vLLM 0.33.0 on torch 2.14.0 (CUDA runtime 13.0.3, whose strict floor is 13.0.2's 580.95.05);
@@ -353,6 +356,8 @@ WEIGHTS_MOUNT = {"qwen2-7b-h100": "/models/qwen2-7b", "qwen2-7b-h200": "/models/
 ENGINES = ("llama31-8b-h100-fp8-engine", "qwen2-7b-l40s-awq-engine")
 # the recipes whose builder compiles FlashInfer's kernels (vLLM >= 0.21 on 8.0-12.1)
 KERNELS = ("llama31-8b-l4", "qwen2-7b-b200", "qwen2-7b-h100", "qwen2-7b-h200")
+# ... of which compat/triton_launchers.yaml measured Triton's launchers for (vLLM 0.26.0, 9.0, bf16)
+TRITON_SEEDED = ("qwen2-7b-h200",)
 
 _RENDERED: dict[str, dict[str, str]] = {}
 
@@ -407,7 +412,8 @@ def test_weights_are_mounted_never_copied(name, source, matrix):
     copied = sorted({source_path for line in dockerfile.splitlines()
                      if line.startswith(("COPY ", "ADD ")) and "--from=" not in line
                      for source_path in line.split()[1:-1]})
-    kernels = ["imgfab-kernels.py"] if name in KERNELS else []
+    kernels = (["imgfab-kernels.py"] + (["imgfab-triton-launchers.json"] if name in TRITON_SEEDED else [])
+               if name in KERNELS else [])
     assert copied == sorted(COPIED_ENGINE if name in ENGINES else
                             [c for c in COPIED if c != "engine/"] + kernels)
     copies = [line for line in dockerfile.splitlines() if line.startswith(("COPY ", "ADD "))]

@@ -166,10 +166,10 @@ def test_a_malformed_launchers_row_is_refused_at_load(compat, change, message):
 
 
 def test_the_repository_row_is_the_measured_one():
-    """compat/triton_launchers.yaml: the 18 signatures the H100 run of 2026-12-05 recorded (not
-    applied yet: confirmed false until an integration build exercises the builder step)."""
+    """compat/triton_launchers.yaml: the 18 signatures the H100 run of 2026-12-05 recorded, confirmed
+    (the integration build of qwen2-7b-h200 regenerates each key from the real Triton 3.6.0)."""
     row, = load_matrix().triton_launchers
-    assert (row.backend, row.backend_version, row.triton, row.confirmed) == ("vllm", "0.26.0", "3.6.0", False)
+    assert (row.backend, row.backend_version, row.triton, row.confirmed) == ("vllm", "0.26.0", "3.6.0", True)
     assert len(row.signatures) == 18 and row.compute_capabilities == ("9.0",)
     proof = json.loads((REPO / "tests" / "fixtures" / "gpu_proof" / "h100-vllm-startup-2026-12-05.json").read_text())
     assert [s["key"] for s in row.signatures] == [s["key"] for s in proof["launchers_recorded"]["launchers"]]
@@ -216,13 +216,18 @@ def make_launcher(constants, signature, tensordesc_meta):
     "triton/runtime/build.py": '''
 import hashlib, os, subprocess, sysconfig
 def platform_key():
-    return "fake-x86_64"
+    return "x86_64,Linux,64bit,ELF"  # as Triton's, on a host where `file` is installed
 class _Cache:
     def __init__(self, key):
         self.dir = os.path.join(os.environ["TRITON_CACHE_DIR"], key)
     def get_file(self, name):
         path = os.path.join(self.dir, name)
         return path if os.path.exists(path) else None
+    def put(self, data, name, binary=True):
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, name), "wb" if binary else "w") as f:
+            f.write(data)
+        return os.path.join(self.dir, name)
 def get_cache_manager(key):
     return _Cache(key)
 def compile_module_from_src(src, name, library_dirs=None, include_dirs=None, libraries=None):
@@ -242,10 +247,11 @@ while [ "$#" -gt 0 ]; do [ "$1" = -o ] && : > "$2"; shift; done
 """
 
 
-def _fake_key(signature, meta=None):
+def _fake_key(signature, meta=None, linkage="ELF"):
+    """The key Triton gives the fake launcher source, with ``file`` installed (linkage ELF) or not ('')."""
     import hashlib
     src = "launcher for " + repr([tuple(s) if isinstance(s, list) else s for s in signature]) + repr(meta)
-    return hashlib.sha256((src + "fake-x86_64").encode()).hexdigest()
+    return hashlib.sha256((src + "x86_64,Linux,64bit," + linkage).encode()).hexdigest()
 
 
 def _run_kernels(tmp_path, launchers):
@@ -264,19 +270,27 @@ def _run_kernels(tmp_path, launchers):
                            str(tmp_path / "launchers.json")], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_imgfab_kernels_compiles_the_helper_and_each_launcher_under_tritons_own_key(tmp_path):
+@pytest.mark.parametrize("linkage", ["ELF", ""], ids=["recorded-with-file", "recorded-without-file"])
+def test_imgfab_kernels_compiles_the_helper_and_each_launcher_under_tritons_own_key(tmp_path, linkage):
+    """Each module lands under both keys a runtime can compute (Triton's platform_key ends with
+    the linkage ``file`` reports: ELF, or '' where the image has no ``file``), whichever the
+    recording machine had."""
     signature = ["*fp32", ["*i32", "i64"]]
-    key = _fake_key(signature, [{"block_size": [16]}])
+    key = _fake_key(signature, [{"block_size": [16]}], linkage)
     done = _run_kernels(tmp_path, [{"key": key, "signature": signature, "tensordesc_meta": [{"block_size": [16]}]}])
     assert done.returncode == 0, done.stderr
-    built = tmp_path / "seed" / key / ("__triton_launcher" + __import__("sysconfig").get_config_var("EXT_SUFFIX"))
+    suffix = __import__("sysconfig").get_config_var("EXT_SUFFIX")
+    other = _fake_key(signature, [{"block_size": [16]}], "" if linkage else "ELF")
+    built = tmp_path / "seed" / key / ("__triton_launcher" + suffix)
     text = built.read_text()
     # the signature reached make_launcher with its tuple back, and the link keeps libcuda needed
     assert text.startswith("launcher for ['*fp32', ('*i32', 'i64')][{'block_size': [16]}]")
     assert "-Wl,--no-as-needed" in text
+    assert (tmp_path / "seed" / other / ("__triton_launcher" + suffix)).read_text() == text
     staged = tmp_path / "out" / str(built).lstrip("/")
     assert staged.read_text() == text and staged.stat().st_mtime == 0
-    assert len(list((tmp_path / "seed").iterdir())) == 2  # cuda_utils and the launcher
+    # cuda_utils and the launcher, each under its two keys
+    assert len(list((tmp_path / "seed").iterdir())) == 4
     assert "imgfab-kernels: triton: cuda_utils and 1 launcher(s) -> " in done.stdout
 
 
@@ -284,5 +298,6 @@ def test_imgfab_kernels_fails_naming_a_launcher_this_triton_does_not_regenerate(
     done = _run_kernels(tmp_path, [{"key": KEY_A, "signature": ["*bf16"]}])
     assert done.returncode == 1
     assert done.stderr.strip() == (f"imgfab-kernels: triton: RuntimeError: the launcher recorded as {KEY_A} "
-                                   f"regenerates as {_fake_key(['*bf16'])}: this payload's Triton is not the one measured")
+                                   f"regenerates as {_fake_key(['*bf16'])} or {_fake_key(['*bf16'], linkage='')}: "
+                                   "this payload's Triton is not the one measured")
     assert not (tmp_path / "out").exists()

@@ -164,6 +164,22 @@ class Candidate:
         return f"{self.tag}: {compression} layers: the pulling host needs {needs}"
 
     @property
+    def toolchain(self) -> str:
+        """The C compiler the image's runtime carries as its declared fallback
+        (org.imgfab.toolchain, comma-separated packages: Triton builds its launcher stubs with it
+        at a first start, issue 33); '' when the builder compiled them (or the label is absent)."""
+        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
+        return _printable(str(labels.get(f"{P}.toolchain", "")), 80)
+
+    def toolchain_note(self) -> str:
+        """One line on the run-time compiler the image carries ('' when none)."""
+        if not self.toolchain:
+            return ""
+        return (f"{self.tag}: the runtime carries a C compiler ({', '.join(self.toolchain.split(','))}) "
+                "as its declared fallback: Triton compiles its launchers at each first start "
+                "(compat/triton_launchers.yaml has no confirmed row for this stack)")
+
+    @property
     def tag(self) -> str:
         """The image's tag as printed: the registry chose it, so it is made printable."""
         return _printable(self.image.tag, 130)

@@ -28,6 +28,20 @@ step() {
     return "$status"
 }
 
+# Triton's compiled helpers from the builder (imgfab-kernels --triton): each cache entry not yet in
+# TRITON_CACHE_DIR is copied there (a new directory, renamed into place), so Triton finds its
+# driver helper and launchers and runs no C compiler (the image has none).
+if [ -d /opt/imgfab/triton-seed ]; then
+    mkdir -p "$TRITON_CACHE_DIR"
+    for entry in /opt/imgfab/triton-seed/*/; do
+        key=$(basename "$entry")
+        if [ ! -e "$TRITON_CACHE_DIR/$key" ]; then
+            cp -R "$entry" "$TRITON_CACHE_DIR/.$key.$$" && mv -T "$TRITON_CACHE_DIR/.$key.$$" "$TRITON_CACHE_DIR/$key" \
+                || echo "imgfab: could not seed Triton's cache entry $key into $TRITON_CACHE_DIR" >&2
+        fi
+    done
+fi
+
 # Probe verdicts: 3 (host is wrong) and 4 (image is wrong) refuse to start with the probe's
 # one-line reason; 5 (cannot check, e.g. no GPU visible) is reported and serving is attempted.
 if [ "${IMGFAB_SKIP_PROBE:-0}" != "1" ]; then

@@ -21,7 +21,11 @@ at a serving start (triton/runtime/build.py ``compile_module_from_src``): its CU
 LAUNCHERS lists (``make_launcher`` of the payload's Triton, measured on a GPU by a serving run).
 Each goes into a Triton cache at SEED, under the key Triton itself computes
 (sha256 of the source and ``platform_key()``, found through Triton's own cache manager), so that the runtime, which copies SEED into its
-``TRITON_CACHE_DIR`` at start, finds it and needs no compiler. No GPU: the link takes a stub
+``TRITON_CACHE_DIR`` at start, finds it and needs no compiler. ``platform_key()`` ends with
+``platform.architecture()``'s linkage, which Python reads by running ``file`` on the
+interpreter: ``ELF`` where ``file`` is installed, empty where it is not (the minimal bases).
+The runtime, not this stage, decides which, so each module is written under both keys (one
+compile, the same bytes twice), and a recorded key must equal one of them. No GPU: the link takes a stub
 ``libcuda.so.1`` (``-Wl,--no-as-needed`` keeps it needed, as Ubuntu's gcc would drop it), and the
 driver's own libcuda.so.1 is what loads on a GPU host. A launcher whose regenerated source
 does not give the recorded key fails the build naming it (the payload's Triton is not the one
@@ -85,21 +89,33 @@ def triton_modules(seed: Path, launchers: list[dict]) -> list[Path]:
         sources.append(("__triton_launcher", driver.make_launcher({}, signature, record.get("tensordesc_meta")),
                         record.get("key") or f"launcher {number}"))
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    here = build.platform_key()
+    # the runtime's platform_key() with and without `file` (see the module's docstring)
+    bare = here[:-len("ELF")] if here.endswith(",ELF") else here
+    platform_keys = (bare + "ELF", bare)
     built = []
     for name, src, recorded in sources:
-        key = hashlib.sha256((src + build.platform_key()).encode("utf-8")).hexdigest()
-        if recorded is not None and key != recorded:
-            raise RuntimeError(f"the launcher recorded as {recorded} regenerates as {key}: "
+        keys = [hashlib.sha256((src + pk).encode("utf-8")).hexdigest() for pk in platform_keys]
+        if recorded is not None and recorded not in keys:
+            raise RuntimeError(f"the launcher recorded as {recorded} regenerates as {' or '.join(keys)}: "
                                "this payload's Triton is not the one measured")
         try:
             build.compile_module_from_src(src=src, name=name, library_dirs=driver.library_dirs(),
                                           include_dirs=driver.include_dirs, libraries=driver.libraries)
         except ImportError:
             pass  # loading it needs the driver's libcuda.so.1 (a GPU host's); the file is written first
-        found = build.get_cache_manager(key).get_file(f"{name}{suffix}")  # Triton's own lookup
-        if found is None or not Path(found).resolve().is_relative_to(seed.resolve()):
-            raise RuntimeError(f"Triton's {name} ({key}) was not written to its cache at {seed}")
-        built.append(Path(found))
+        compiled = build.get_cache_manager(hashlib.sha256((src + here).encode("utf-8")).hexdigest())
+        found = compiled.get_file(f"{name}{suffix}")  # Triton's own lookup
+        if found is None:
+            raise RuntimeError(f"Triton's {name} was not written to its cache at {seed}")
+        for key in keys:
+            cache = build.get_cache_manager(key)
+            if cache.get_file(f"{name}{suffix}") is None:
+                cache.put(Path(found).read_bytes(), f"{name}{suffix}", binary=True)
+            placed = cache.get_file(f"{name}{suffix}")
+            if placed is None or not Path(placed).resolve().is_relative_to(seed.resolve()):
+                raise RuntimeError(f"Triton's {name} ({key}) was not written to its cache at {seed}")
+            built.append(Path(placed))
     shutil.rmtree(work, ignore_errors=True)
     return built
 
