@@ -12,6 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+import fake_payload  # noqa: E402  (tests/fixtures, on the path from here)
 DOCKER = os.environ.get("IMGFAB_DOCKER_CLI", "/usr/bin/docker")
 
 
@@ -31,7 +32,8 @@ def stack_of(recipe: Path):
     return parsed, stack, render_context(parsed, stack, matrix)
 
 
-STAND_IN_PYTHON = ("3.11", "x86_64-manylinux_2_36")  # the local stack's bookworm stand-in bases
+# the local stack's bookworm stand-in bases: their Python (kept in fake_payload) and glibc
+STAND_IN_PYTHON = (fake_payload.STAND_IN_PYTHON, "x86_64-manylinux_2_36")
 
 
 def stand_in_lock(recipe: Path, output: Path, *, pins: dict[str, str] | None = None) -> Path:

@@ -85,7 +85,7 @@ def main() -> int:
               f"base {base_size / 1e6:.1f} MB, /opt/venv {venv / 1e6:.1f} MB", flush=True)
         fallback = None
         if stack.triton and not args.no_toolchain_compare:
-            fallback = _fallback_size(recipe, options, Path(scratch))
+            fallback, toolchain = _fallback_size(recipe, options, Path(scratch))
             print(f"recorded: the same runtime with the declared C compiler {fallback / 1e6:.1f} MB", flush=True)
         # The runtime figures are recorded: from here on the runtime image may go.
         free = free_bytes()
@@ -122,7 +122,7 @@ def main() -> int:
     print(f"(runtime - base) / venv = {(size - base_size) / venv:.3f}   (goal <= 1.05)")
     if fallback is not None:
         print(f"runtime without a C compiler {size / 1e6:9.1f} MB   with the declared fallback "
-              f"(gcc, libc6-dev, python3-dev) {fallback / 1e6:9.1f} MB   saved {(fallback - size) / 1e6:.1f} MB   "
+              f"({', '.join(toolchain)}) {fallback / 1e6:9.1f} MB   saved {(fallback - size) / 1e6:.1f} MB   "
               f"ratio {size / fallback:.3f} (Triton {stack.triton}: {stack.triton_launchers} launchers "
               f"compiled by the builder)")
     print(f"runtime / naive         = {size / naive_size:.3f}   (stand-in bases: runtime base "
@@ -132,10 +132,11 @@ def main() -> int:
     return 0
 
 
-def _fallback_size(recipe: Path, options, scratch: Path) -> int:
-    """Bytes of ``recipe``'s runtime built as a stack without a Triton launchers row gets it:
-    compat/ copied with every row of triton_launchers.yaml unconfirmed (the resolver then keeps
-    the backend's declared C compiler). Its tags are removed afterwards."""
+def _fallback_size(recipe: Path, options, scratch: Path) -> tuple[int, list[str]]:
+    """Bytes of ``recipe``'s runtime built as a stack without a Triton launchers row gets it
+    (compat/ copied with every row of triton_launchers.yaml unconfirmed: the resolver then keeps
+    the backend's declared C compiler), and that toolchain as its label names it. Its tags are
+    removed afterwards."""
     import yaml
 
     from imgfab.docker import engine
@@ -151,9 +152,11 @@ def _fallback_size(recipe: Path, options, scratch: Path) -> int:
     launchers.write_text(yaml.safe_dump(data, sort_keys=False))
     built = build_recipe(str(recipe), dataclasses.replace(options, compat_dir=compat),
                          context_dir=scratch / "ctx-fallback")
+    # the packages the built image says it carries (org.imgfab.toolchain)
+    toolchain = engine.inspect_image(built.tags[0])["Config"]["Labels"]["org.imgfab.toolchain"].split(",")
     for tag in built.tags:
         engine.remove_image(tag)
-    return built.size_bytes
+    return built.size_bytes, toolchain
 
 
 if __name__ == "__main__":

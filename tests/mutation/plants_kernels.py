@@ -30,7 +30,7 @@ PLANTS = [
          old="and compute_capability in self.compute_capabilities and precision in self.precisions",
          new="and compute_capability in self.compute_capabilities", first=T),
     dict(name="triton: a launcher that regenerates under another key is built anyway", path="in_image/kernels.py",
-         old="        if recorded is not None and recorded not in keys:", new="        if False:", first=T),
+         old="        if recorded is not None and recorded not in keys.values():", new="        if False:", first=T),
     dict(name="triton: the seed holds only the key of the builder's own platform", path="in_image/kernels.py",
          old='    platform_keys = (bare + "ELF", bare)', new="    platform_keys = (here,)", first=T),
     dict(name="triton: the seed overwrites what the cache volume holds", path="_data/templates/entrypoint.sh.j2",

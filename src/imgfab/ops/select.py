@@ -132,6 +132,11 @@ class Candidate:
     def fits(self) -> bool:
         return bool(self.verdicts) and all(v.ok for v in self.verdicts)
 
+    @property
+    def labels(self) -> dict[str, Any]:
+        """The image's config labels ({} when the registry gave something else)."""
+        return self.image.labels if isinstance(self.image.labels, dict) else {}
+
     def reason(self) -> str:
         """Why it was rejected (or ``fits``): one line, control characters dropped, at most
         :data:`REASON_MAX` characters, whatever the labels hold."""
@@ -151,15 +156,13 @@ class Candidate:
     def pull_requires(self) -> str:
         """What the pulling host needs for the image's layers (org.imgfab.pull.requires, e.g.
         ``docker>=23.0|containerd>=1.5`` for zstd); '' when any engine pulls them."""
-        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
-        return _printable(str(labels.get(f"{P}.pull.requires", "")), 80)
+        return _printable(str(self.labels.get(f"{P}.pull.requires", "")), 80)
 
     def pull_note(self) -> str:
         """One line on what pulling the image needs ('' when nothing)."""
         if not self.pull_requires:
             return ""
-        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
-        compression = _printable(str(labels.get(f"{P}.layers.compression", "")), 16) or "its"
+        compression = _printable(str(self.labels.get(f"{P}.layers.compression", "")), 16) or "its"
         needs = " or ".join(self.pull_requires.split("|"))
         return f"{self.tag}: {compression} layers: the pulling host needs {needs}"
 
@@ -168,8 +171,7 @@ class Candidate:
         """The C compiler the image's runtime carries as its declared fallback
         (org.imgfab.toolchain, comma-separated packages: Triton builds its launcher stubs with it
         at a first start, issue 33); '' when the builder compiled them (or the label is absent)."""
-        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
-        return _printable(str(labels.get(f"{P}.toolchain", "")), 80)
+        return _printable(str(self.labels.get(f"{P}.toolchain", "")), 80)
 
     def toolchain_note(self) -> str:
         """One line on the run-time compiler the image carries ('' when none)."""
@@ -188,8 +190,7 @@ class Candidate:
     def platform(self) -> str:
         """The platform it was judged by (:func:`image_platform`), made printable; '' when
         unknown."""
-        labels = self.image.labels if isinstance(self.image.labels, dict) else {}
-        return _printable(image_platform(labels, self.image.config_platform), 60)
+        return _printable(image_platform(self.labels, self.image.config_platform), 60)
 
 
 def _version_key(text: str) -> tuple[int, ...]:
@@ -242,9 +243,8 @@ def choose(images: list[Published], host: HostGpu, *, model: str | None = None,
     selected = [image for image in images if wanted(image)]
     candidates = [evaluate(image, host) for image in selected]
     def newest(c: Candidate) -> tuple[Any, ...]:
-        labels = c.image.labels if isinstance(c.image.labels, dict) else {}
-        return (_version_key(labels.get(f"{P}.backend.version", "")),
-                _version_key(labels.get(f"{P}.cuda", "")), c.image.tag)
+        return (_version_key(c.labels.get(f"{P}.backend.version", "")),
+                _version_key(c.labels.get(f"{P}.cuda", "")), c.image.tag)
 
     candidates.sort(key=newest, reverse=True)
     best = next((c for c in candidates if c.fits), None)
@@ -301,16 +301,14 @@ def advisory_lines(matrix: Matrix, best: Candidate, candidates: list[Candidate])
     outside it: vllm0.19.1-cu12.8.2-sm90-fp8-… (vllm 0.19.1)". An advisory the image's
     ``org.imgfab.advisories.accepted`` label names is said to be accepted by its recipe."""
     def picked(c: Candidate) -> list[tuple[str, str]]:
-        labels = c.image.labels if isinstance(c.image.labels, dict) else {}
-        found = [(labels.get(f"{P}.backend", ""), labels.get(f"{P}.backend.version", "")),
-                 ("torch", labels.get(f"{P}.torch", ""))]
+        found = [(c.labels.get(f"{P}.backend", ""), c.labels.get(f"{P}.backend.version", "")),
+                 ("torch", c.labels.get(f"{P}.torch", ""))]
         return [(name, version) for name, version in found if name and _version_key(version)]
 
     def inside(c: Candidate, advisory: Any, package: str) -> bool:
         return any(name == package and advisory.affects(name, version) for name, version in picked(c))
 
-    labels = best.image.labels if isinstance(best.image.labels, dict) else {}
-    accepted = tuple(filter(None, labels.get(f"{P}.advisories.accepted", "").split(",")))
+    accepted = tuple(filter(None, best.labels.get(f"{P}.advisories.accepted", "").split(",")))
     lines = []
     for package, version in picked(best):
         for advisory in matrix.advisories_for(package, version):

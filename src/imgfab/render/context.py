@@ -505,7 +505,8 @@ def render_context(recipe: Recipe, stack: Stack, matrix: Matrix, *,
         "compose_tmpfs": shapes.compose_tmpfs(recipe.image.uid),
         "cuda_view": _cuda_view(stack),
         "kernels": _kernels(stack, lock, matrix),
-        "triton_seed": TRITON_SEED if stack.aot_specs and stack.triton else "",
+        # stack.triton: a confirmed launchers row covers it, which only a kernels stage applies
+        "triton_seed": TRITON_SEED if stack.triton else "",
         "api_key": _api_key_context(recipe, stack),
         # Fail closed (issue 34): the entrypoint's default for IMGFAB_ALLOW_UNAUTHENTICATED, and
         # where run.sh and compose.yaml publish the port (HOST_ADDR overrides it).
@@ -562,7 +563,7 @@ def _build_files(env: jinja2.Environment, context: dict[str, Any], plan: Any) ->
     }
     if context["kernels"]:
         files["imgfab-kernels.py"] = (resources.files("imgfab.in_image") / "kernels.py").read_text(encoding="utf-8")
-        if context["kernels"]["triton"]["measured"]:
+        if context["kernels"]["triton"]:
             files["imgfab-triton-launchers.json"] = context["kernels"]["triton"]["json"]
     if plan is not None:
         files["imgfab-compile.sh"] = env.get_template("imgfab-compile.sh.j2").render(context)
@@ -608,13 +609,14 @@ def _kernels(stack: Stack, lock: Lock | None, matrix: Matrix) -> dict[str, Any] 
             f"{stack.backend} {stack.backend_version}'s launchers with Triton {row.triton}",
             field="backend.version", fix="re-lock the recipe (imgfab lock), or measure a launchers row for "
                                          f"Triton {locked} (bench/startup.py --phase capture)")
-    launchers = row.launchers_json() if row is not None else {"launchers": []}
+    # None where no confirmed row covers the stack: the runtime keeps its declared C compiler
+    triton = None if row is None else {
+        "seed": TRITON_SEED, "count": len(row.signatures),
+        "source": f"measured with Triton {row.triton} ({row.measured})",
+        "json": json.dumps(row.launchers_json(), indent=1, sort_keys=True) + "\n"}
     return {"specs": list(stack.aot_specs), "arch": stack.compute_capability,
             "home": PAYLOAD_CUDA_HOME, "major": stack.cuda.split(".")[0], "what": "; ".join(stack.aot),
-            "triton": {"seed": TRITON_SEED, "count": len(launchers["launchers"]), "measured": row is not None,
-                       "source": (f"measured with Triton {row.triton} ({row.measured})" if row is not None
-                                  else "(none measured for this stack: the runtime keeps its C compiler)"),
-                       "json": json.dumps(launchers, indent=1, sort_keys=True) + "\n"}}
+            "triton": triton}
 
 
 def _cuda_view(stack: Stack) -> dict[str, str] | None:

@@ -13,7 +13,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/llama3.1-8b:vllm0.33.0-cu13.0.3-sm89-a07865731195
+    IMAGE=llm/llama3.1-8b:vllm0.33.0-cu13.0.3-sm89-666dff6ddab5
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding meta-llama/Llama-3.1-8B-Instruct at revision 0e9e39f249a16976918f6564b8830bc894c89659}"

@@ -13,7 +13,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/qwen2-7b:vllm0.33.0-cu13.0.3-sm100-cf1db0ffabfa
+    IMAGE=llm/qwen2-7b:vllm0.33.0-cu13.0.3-sm100-dd6017205544
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"

@@ -95,20 +95,19 @@ def triton_modules(seed: Path, launchers: list[dict]) -> list[Path]:
     platform_keys = (bare + "ELF", bare)
     built = []
     for name, src, recorded in sources:
-        keys = [hashlib.sha256((src + pk).encode("utf-8")).hexdigest() for pk in platform_keys]
-        if recorded is not None and recorded not in keys:
-            raise RuntimeError(f"the launcher recorded as {recorded} regenerates as {' or '.join(keys)}: "
+        keys = {pk: hashlib.sha256((src + pk).encode("utf-8")).hexdigest() for pk in platform_keys}
+        if recorded is not None and recorded not in keys.values():
+            raise RuntimeError(f"the launcher recorded as {recorded} regenerates as {' or '.join(keys.values())}: "
                                "this payload's Triton is not the one measured")
         try:
             build.compile_module_from_src(src=src, name=name, library_dirs=driver.library_dirs(),
                                           include_dirs=driver.include_dirs, libraries=driver.libraries)
         except ImportError:
             pass  # loading it needs the driver's libcuda.so.1 (a GPU host's); the file is written first
-        compiled = build.get_cache_manager(hashlib.sha256((src + here).encode("utf-8")).hexdigest())
-        found = compiled.get_file(f"{name}{suffix}")  # Triton's own lookup
+        found = build.get_cache_manager(keys[here]).get_file(f"{name}{suffix}")  # Triton's own lookup
         if found is None:
             raise RuntimeError(f"Triton's {name} was not written to its cache at {seed}")
-        for key in keys:
+        for key in keys.values():
             cache = build.get_cache_manager(key)
             if cache.get_file(f"{name}{suffix}") is None:
                 cache.put(Path(found).read_bytes(), f"{name}{suffix}", binary=True)
