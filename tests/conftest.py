@@ -8,6 +8,8 @@ locks, end-to-end runs of the CLI on them)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,34 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
     last = [item for item in kept if item.get_closest_marker("engine_crash_risk")]
     items[:] = [item for item in kept if item not in last] + last
+
+
+def _image_refs(docker: str) -> set[str] | None:
+    listed = subprocess.run([docker, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
+                            capture_output=True, text=True, check=False, timeout=120)
+    return set(listed.stdout.split()) if listed.returncode == 0 else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_disk(request):
+    """After a module of integration tests, the local engine gives back its disk: the images
+    tagged during the module are untagged and BuildKit's cache is emptied (the stand-in bases,
+    tagged before, stay). Every integration build installs a payload, the real Triton among
+    them, and keeps copies of it in BuildKit's cache and in the image store; CI's fresh
+    machine has a small disk (stop 42's run ended in "No space left on device"). Each module
+    builds what it needs (module-scoped fixtures); none reads another module's cache."""
+    docker = os.environ.get("IMGFAB_DOCKER_CLI")
+    integration = any(item.get_closest_marker("integration") for item in request.session.items
+                      if item.module is request.module)
+    before = _image_refs(docker) if docker and os.environ.get("DOCKER_HOST") and integration else None
+    yield
+    if before is None:
+        return
+    after = _image_refs(docker) or set()
+    added = sorted(ref for ref in after - before if not ref.endswith(":<none>"))
+    if added:
+        subprocess.run([docker, "image", "rm", *added], capture_output=True, check=False, timeout=600)
+    subprocess.run([docker, "builder", "prune", "-af"], capture_output=True, check=False, timeout=600)
 
 
 def walk_strings(node, path=()):
