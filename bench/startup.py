@@ -24,7 +24,10 @@ first token of a streamed request), each start with its whole log (``--log-dir``
    and, with ``--shapes``, compose and k8s from an empty cache.
 
 It prints time to healthy and to first token for each, the ratios to ``warm`` (goals: seeded
-≤ 1.10, empty ≤ 1.4, warm ≤ 60 s) and, for each start, the spans between the log's landmarks.
+≤ 1.10, empty ≤ 1.4, warm ≤ 60 s) and, for each start, the spans between the log's landmarks,
+counted from the container's start (the log's first line, which ``--log-dir`` writes): the
+entrypoint's seed and probe, vLLM's imports, then the engine's own steps. ``starts`` also times
+``vllm serve``'s imports in the image, and says whether they came from bytecode.
 ``--out`` gets startup.json (everything, logs' spans included), launchers.json and the logs.
 """
 
@@ -45,8 +48,10 @@ sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
 # The log's landmarks, in start-up order: the first line matching each (the engine's own
 # timestamps, docker logs --timestamps) ends the span named after it.
+# The log's first line is the container's start (imgfab smoke --log-dir writes it).
 LANDMARKS = (
-    ("probe done, server starting", re.compile(r"vLLM API server version|non-default args")),
+    ("probe reported (seed, probe)", re.compile(r"probe: exit \d")),
+    ("vLLM imported, server starting", re.compile(r"vLLM API server version|non-default args")),
     ("architecture resolved", re.compile(r"Resolved architecture")),
     ("engine core started", re.compile(r"Initializing a V1 LLM engine|EngineCore.*Initializing")),
     ("model loaded", re.compile(r"Model loading took|Loading weights took")),
@@ -214,11 +219,32 @@ def starts_phase(result: dict, out: Path, save, args) -> None:
     result["build_after"] = {"kernels": built["kernels"], "seconds": round(time.monotonic() - started, 1)}
     image = nocc_variant(f"{IMAGE}-seeded")
     assert image == AFTER_NOCC, image
+    result["imports"] = import_seconds(image)
     save()
+    print(f"imports: {result['imports']}", flush=True)
     for name, volume in (("empty", fresh_volume("imgfab-startup-v1")), ("warm", "imgfab-startup-v1")):
         result[name] = smoke(image, "runsh", volume, out / name)
         save()
         print(f"{name}: {result[name]['passed']} healthy {result[name]['healthy_after_s']} s", flush=True)
+
+
+# What `vllm serve` imports before its first line, timed in the image twice (the second with
+# the page cache warm), and whether it came from bytecode (the image's user cannot write any).
+_IMPORTS = ("import sys, time; t = time.perf_counter(); import vllm.entrypoints.cli.main; "
+            "import vllm, os; print(round(time.perf_counter() - t, 2), os.path.isfile(vllm.__cached__))")
+
+
+def import_seconds(image: str) -> dict:
+    from test_gpu_vllm_shapes import _mounts
+
+    runs = []
+    for _ in range(2):
+        done = docker("run", "--rm", "--network", "none", *[a for m in _mounts() for a in ("-v", m)],
+                      "--entrypoint", "/opt/venv/bin/python3", image, "-c", _IMPORTS, check=False)
+        words = done.stdout.split()
+        runs.append({"seconds": float(words[0]), "bytecode": words[1] == "True"} if done.returncode == 0 and
+                    len(words) == 2 else {"error": done.stderr[-500:]})
+    return {"vllm_cli": runs}
 
 
 def seeded_phase(result: dict, out: Path, save, args) -> None:

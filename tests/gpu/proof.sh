@@ -3,6 +3,8 @@
 # one call, the payload travelling in pieces of at most 60 MiB (.gpu/, git-ignored, carried).
 #   tests/gpu/proof.sh setup          # host facts; dockerd up; the stand-in base, in the background
 #   tests/gpu/proof.sh piece FILE...  # keep payload pieces in /tmp/imgfab-pieces
+#   tests/gpu/proof.sh assemble       # the payload from its pieces, with its bytecode (else the
+#                                     # first shape or startup call does it)
 #   tests/gpu/proof.sh shape SHAPE    # (first call: assemble the payload) smoke one run shape
 #                                     # (runsh|compose|k8s; nocc: run.sh with no C compiler in the image)
 #   tests/gpu/proof.sh startup PHASE  # bench/startup.py: capture, starts, seeded, shapes (a call each)
@@ -36,7 +38,7 @@ piece)
     cp "$@" "$PIECES"/
     find "$PIECES" -type f | wc -l
     ;;
-shape|startup)
+shape|startup|assemble)
     for _ in $(seq 300); do [ -f "$STATE/base.rc" ] && break; sleep 1; done
     cat "$STATE/base.log"
     [ "$(cat "$STATE/base.rc" 2>/dev/null)" = 0 ] || { echo "proof: the stand-in base failed" >&2; exit 1; }
@@ -45,6 +47,7 @@ shape|startup)
         tests/gpu/standin.sh payload "$PIECES"/payload.tar.xz.* | tee "$OUT/payload.txt"
         touch "$STATE/payload.done"
     fi
+    [ "$1" = assemble ] && exit 0
     if [ ! -f /tmp/imgfab-hostsite/.done ]; then
         mkdir -p /tmp/imgfab-hostsite
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/imgfab-hostsite .gpu/hostwheels/*.whl

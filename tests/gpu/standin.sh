@@ -98,6 +98,18 @@ payload)
         "$(python3 -c 'import platform; print(platform.python_version())')" >/opt/venv/pyvenv.cfg
     # After the venv's own packages: the host's torch, triton and CUDA library wheels.
     echo "$torch_site" >/opt/venv/lib/python3.12/site-packages/zz-standin-host-torch.pth
+    # Bytecode as the real image carries it (imgfab-stage compiles unchecked-hash .pyc files
+    # beside every source at build time): the payload's, and the host torch venv's, which the
+    # real payload would hold. Without it, each process of a start (the probe, the API server,
+    # the engine core) compiles all it imports, in memory, every time: the image's non-root
+    # user cannot write __pycache__. Not imgfab-stage's one worker per group: its byte-for-byte
+    # reproducibility does not matter here, its bytecode does.
+    compiled=$SECONDS
+    for tree in /opt/venv/lib/python3.12/site-packages "$torch_site"; do
+        "$interpreter" -I -c 'import compileall, py_compile, sys
+compileall.compile_dir(sys.argv[1], quiet=2, workers=0, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)' "$tree" || true
+    done
+    echo "payload: bytecode compiled in $((SECONDS - compiled)) s ($(find /opt/venv "$torch_site" -name '*.pyc' | wc -l) .pyc files)"
     base_prefix=$(python3 -c 'import sys; print(sys.base_prefix)')
     torch_root=$(dirname "$torch_venv")  # /opt/torch for /opt/torch/.venv
     {

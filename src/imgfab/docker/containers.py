@@ -115,6 +115,19 @@ def container_running(container: Any) -> bool:
     return container.status == "running"
 
 
+def container_started_at(container: Any) -> str:
+    """The engine's RFC 3339 time the container's process started (``State.StartedAt``), as
+    ``docker logs --timestamps`` writes its lines' times; "" when the engine does not say."""
+    from docker.errors import DockerException  # noqa: PLC0415
+
+    try:
+        container.reload()
+    except DockerException:
+        return ""
+    started = (container.attrs.get("State") or {}).get("StartedAt") or ""
+    return "" if started.startswith("0001-") else started
+
+
 def container_logs(container: Any, *, tail: int | None = 200, timestamps: bool = False) -> str:
     """The last ``tail`` lines of the container's stdout and stderr (all of them for None), as
     text; with ``timestamps``, each line starts with the engine's RFC 3339 time of it."""

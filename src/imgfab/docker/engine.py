@@ -27,12 +27,14 @@ from typing import Any
 from imgfab.errors import EngineError
 from imgfab.docker.toolenv import tool_env
 from imgfab.docker.containers import (_client, _one_line, container_logs, container_running,
+                                      container_started_at,
                                       exec_in, remove_container, remove_volume, run_container,
                                       run_python)
 
 # The engine's whole surface: images and builds here, containers in imgfab.docker.containers.
 __all__ = ["COMPRESSIONS", "MIN_ENGINE", "EngineFacts", "add_labels", "build", "buildx_version",
-           "check_engine", "compile_caps", "container_logs", "container_running", "docker_cli",
+           "check_engine", "compile_caps", "container_logs", "container_running", "container_started_at",
+           "docker_cli",
            "docker_info", "engine_facts", "exec_in", "image_history", "inspect_image", "push_image",
            "remove_container", "remove_image", "remove_volume", "run_container", "run_python",
            "save_image", "save_stream", "tag"]

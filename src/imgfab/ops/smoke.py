@@ -55,6 +55,8 @@ DEFAULT_PROMPTS = (
     "Name one primary colour.",
 )
 LOG_TAIL_LINES = 200
+# The first line of a --log-dir log: when the container's process started (engine time).
+STARTED_LINE = "imgfab-smoke: the container's process started"
 PROBE_COMMAND = ["/opt/venv/bin/python", "-m", "imgfab.in_image.probe", "--json"]
 PROBE_ENV = {"PYTHONPATH": "/opt/imgfab"}
 
@@ -465,10 +467,15 @@ def smoke_image(image: str, run_settings: RunSettings, engine: Any = None) -> Sm
 
 def _write_log(engine: Any, container: Any, directory: str, report: SmokeReport) -> None:
     """Write the container's whole log, each line with the engine's timestamp, to
-    ``directory/<shape>.log`` (a note when it cannot)."""
+    ``directory/<shape>.log`` (a note when it cannot). Its first line is the time the
+    container's process started (``State.StartedAt``), so that spans measured from the log's
+    first line count what runs before the entrypoint's first output (the probe)."""
     path = Path(directory) / f"{report.shape or 'smoke'}.log"
     try:
         text = engine.container_logs(container, tail=None, timestamps=True)
+        started = engine.container_started_at(container)
+        if started:
+            text = f"{started} {STARTED_LINE}\n{text}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     except (EngineError, OSError) as exc:

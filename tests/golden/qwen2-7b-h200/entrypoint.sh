@@ -89,10 +89,10 @@ fi
 
 case "${IMGFAB_PRESET:-chat}" in
     chat)
-        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --middleware imgfab.in_image.gate.ApiKeyGate --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 --enable-chunked-prefill --enable-prefix-caching --dtype bfloat16
+        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --middleware imgfab.in_image.gate.ApiKeyGate --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 --enable-chunked-prefill --enable-prefix-caching --dtype bfloat16 --jit-monitor-mode error
         ;;
     long-context)
-        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --middleware imgfab.in_image.gate.ApiKeyGate --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 16 --max-num-batched-tokens 32768 --enable-chunked-prefill --no-enable-prefix-caching --dtype bfloat16
+        exec vllm serve /models/qwen2-7b --served-model-name qwen2-7b --host 0.0.0.0 --port 8000 --middleware imgfab.in_image.gate.ApiKeyGate --tensor-parallel-size 1 --pipeline-parallel-size 1 --max-model-len 8192 --gpu-memory-utilization 0.9 --max-num-seqs 16 --max-num-batched-tokens 32768 --enable-chunked-prefill --no-enable-prefix-caching --dtype bfloat16 --jit-monitor-mode error
         ;;
     *)
         echo "imgfab: IMGFAB_PRESET=${IMGFAB_PRESET} is not one of: chat long-context" >&2

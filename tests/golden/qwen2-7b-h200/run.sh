@@ -13,7 +13,7 @@ set -euo pipefail
 if [ -n "${IMAGE:-}" ]; then
     pull=missing
 else
-    IMAGE=llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-2d3d9d8365f7
+    IMAGE=llm/qwen2-7b:vllm0.26.0-cu13.0.3-sm90-9b46e5e17830
     pull=never
 fi
 WEIGHTS_DIR="${WEIGHTS_DIR:?set WEIGHTS_DIR to the directory holding Qwen/Qwen2-7B-Instruct at revision f2826a00ceef68f0f2b946d945ecc0477ce4450c}"
