@@ -21,7 +21,9 @@ first token of a streamed request), each start with its whole log (``--log-dir``
    ``warm``     restart on the same volume;
    ``seeded``   first start on a new volume filled from the first one's caches (what a
                 compile-cache artifact seeds; a phase of its own);
-   and, with ``--shapes``, compose and k8s from an empty cache.
+   and, with ``--shapes``, compose and k8s from an empty cache;
+3. ``pull``     (last) cold pull to first token: push to this host's registry, remove every
+                image, pull, start from an empty cache.
 
 It prints time to healthy and to first token for each, the ratios to ``warm`` (goals: seeded
 ≤ 1.10, empty ≤ 1.4, warm ≤ 60 s) and, for each start, the spans between the log's landmarks,
@@ -143,7 +145,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="startup.json, launchers.json and the logs")
     parser.add_argument("--phase", default="all",
-                        help="capture, starts, seeded, shapes, or several joined by commas (a device call runs "
+                        help="capture, starts, seeded, shapes, pull (last: it removes every image), or several "
+                             "joined by commas (a device call runs "
                              "10 minutes at most); all: starts,seeded,shapes")
     parser.add_argument("--shapes", default="compose,k8s", help="the shapes phase: these from an empty cache")
     parser.add_argument("--captured", action="store_true",
@@ -158,12 +161,12 @@ def main() -> int:
         saved.write_text(json.dumps(result, indent=1) + "\n")
 
     phases = ("starts", "seeded", "shapes") if args.phase == "all" else tuple(args.phase.split(","))
-    known = ("capture", "starts", "seeded", "shapes")
+    known = ("capture", "starts", "seeded", "shapes", "pull")
     if not set(phases) <= set(known):
         parser.error(f"--phase: {args.phase!r}: each is one of {', '.join(known)}")
     for phase in phases:
         {"capture": capture_phase, "starts": starts_phase, "seeded": seeded_phase,
-         "shapes": shapes_phase}[phase](result, out, save, args)
+         "shapes": shapes_phase, "pull": pull_phase}[phase](result, out, save, args)
         save()
     report(result)
     save()
@@ -264,6 +267,34 @@ def shapes_phase(result: dict, out: Path, save, args) -> None:
         save()
         print(f"empty {shape}: {result[f'empty-{shape}']['passed']} healthy "
               f"{result[f'empty-{shape}']['healthy_after_s']} s", flush=True)
+
+
+def pull_phase(result: dict, out: Path, save, args) -> None:
+    """Cold pull to first token: the nocc runtime pushed to the registry on this host
+    (tests/gpu/standin.sh registry), every image removed from the engine (the stand-in base
+    too, so no layer is already there), then pulled, and started from an empty cache. The
+    stand-in's base is this host's root filesystem, far larger than nvidia/cuda's -base, so
+    the pull's share is this stand-in's, not the real image's."""
+    registry = os.environ.get("IMGFAB_STANDIN_REGISTRY") or "127.0.0.1:5099"
+    remote = f"{registry}/imgfab-proof/qwen2-7b-h200:cold"
+    docker("tag", AFTER_NOCC, remote)
+    started = time.monotonic()
+    docker("push", remote)
+    pushed = round(time.monotonic() - started, 1)
+    size = docker("image", "inspect", "--format", "{{.Size}}", remote).stdout.strip()
+    listed = docker("image", "ls", "-q").stdout.split()
+    docker("image", "rm", "-f", *sorted(set(listed)), check=False)
+    docker("image", "prune", "-af", check=False)
+    left = docker("image", "ls", "-q").stdout.split()
+    started = time.monotonic()
+    docker("pull", remote)
+    pulled = round(time.monotonic() - started, 1)
+    start = smoke(remote, "runsh", fresh_volume("imgfab-startup-cold"), out / "cold")
+    result["cold_pull"] = {"image_bytes": int(size) if size.isdigit() else size, "push_s": pushed,
+                           "images_left_before_pull": len(left), "pull_s": pulled, "start": start,
+                           "pull_to_first_token_s": start["first_token_s"] and round(pulled + start["first_token_s"], 1)}
+    print(f"cold pull: {pulled} s for {size} bytes, then healthy {start['healthy_after_s']} s, first token "
+          f"{start['first_token_s']} s: {result['cold_pull']['pull_to_first_token_s']} s", flush=True)
 
 
 def report(result: dict) -> None:

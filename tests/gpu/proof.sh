@@ -7,7 +7,7 @@
 #                                     # first shape or startup call does it)
 #   tests/gpu/proof.sh shape SHAPE    # (first call: assemble the payload) smoke one run shape
 #                                     # (runsh|compose|k8s; nocc: run.sh with no C compiler in the image)
-#   tests/gpu/proof.sh startup PHASE  # bench/startup.py: capture, starts, seeded, shapes (a call each)
+#   tests/gpu/proof.sh startup PHASE  # bench/startup.py: capture, starts, seeded, shapes, pull (a call each)
 #   tests/gpu/proof.sh select         # (after a shape built the stand-in) select with no --gpu
 # Results go to $OUT (the device tool's folder), one JSON per step.
 set -euo pipefail
@@ -60,6 +60,7 @@ shape|startup|assemble)
     if [ "$1" = startup ]; then
         # bench/startup.py, one phase per call (capture, starts, seeded, shapes: 10 minutes each at most)
         keep=/tmp/imgfab-startup-out
+        case ",$2," in *,pull,*) tests/gpu/standin.sh registry ;; esac
         status=0
         python3 bench/startup.py --out "$keep" --phase "$2" 2>&1 | tee "$OUT/startup-${2//,/-}.log" | tail -n 60 || status=$?
         cp "$keep"/*.json "$OUT"/ 2>/dev/null || true
